@@ -1,0 +1,1 @@
+"""llamagate's proxy: the only door to llama-server. Never imports ``supervisor``."""

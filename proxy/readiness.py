@@ -1,0 +1,45 @@
+"""What the proxy needs to know about the child, and nothing more.
+
+The proxy never imports the supervisor. Whoever builds the app (the daemon, or a test) passes an
+object satisfying ``UpstreamSource``. The proxy reads one ``UpstreamSnapshot`` per request so that a
+restart between two reads (new port, new secret) can never mix the old child's URL with the new
+child's secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class UpstreamSnapshot:
+    # Supervisor state name: STOPPED, STARTING, READY, UNHEALTHY, BACKOFF, STOPPING, FAILED.
+    state: str
+    # True only when the child passed the readiness gate and the daemon is not draining.
+    ready: bool
+    # Why not ready (last failure, "draining", ...); shown on /readyz, so it must hold no secret.
+    reason: str | None
+    # e.g. "http://127.0.0.1:41234"; None while no child is listening.
+    base_url: str | None
+    # The per-boot secret the child expects in ``Authorization: Bearer``; None while no child.
+    secret: str | None
+    # Served model id (llama-server's --alias) and the capacity the admission gate must match.
+    model_alias: str
+    slots: int
+    ctx_per_slot: int
+    # Increments on every child boot; lets the proxy tell an old child's connections from a new one's.
+    generation: int
+    # Honest estimate of when the child may be ready again (for 503 Retry-After), in seconds.
+    retry_after_s: float
+    # True when the child was started with --embeddings (then /v1/embeddings is routed).
+    embeddings: bool = False
+
+
+class UpstreamSource(Protocol):
+    def snapshot(self) -> UpstreamSnapshot: ...
+
+    def identity(self) -> Mapping[str, object]:
+        """The identity record of what is served (admin-only data)."""
+        ...

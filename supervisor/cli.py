@@ -1,0 +1,74 @@
+"""The ``llamagate`` command. One module per subcommand under ``supervisor.commands``.
+
+Exit codes (documented in the README and docs/operations.md):
+  0  ok
+  1  a check failed (verification, readiness, build)
+  2  usage or configuration error
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from supervisor import __version__
+from supervisor.errors import LlamagateError
+
+# Each module exposes ``register(subparsers)`` and sets ``func`` (args -> exit status) on its parser.
+COMMAND_MODULES = ("build", "verify", "model", "config", "plan", "serve", "status", "keys", "bench")
+
+Handler = Callable[[argparse.Namespace], int]
+
+log = logging.getLogger("llamagate.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llamagate",
+        description="Supervisor and admission-controlled proxy for a pinned llama.cpp llama-server.",
+    )
+    parser.add_argument("--version", action="version", version=f"llamagate {__version__}")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    parser.add_argument("--log-level", default="INFO", help="log level (DEBUG, INFO, WARNING, ...)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"supervisor.commands.{name}")
+        except ModuleNotFoundError as exc:
+            # Only tolerate the command module itself being absent (work in progress), never a
+            # missing dependency inside it.
+            if exc.name != f"supervisor.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    from supervisor import logs
+
+    logs.setup(args.log_format, args.log_level.upper())
+    func: Handler | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return func(args)
+    except LlamagateError as exc:
+        print(f"llamagate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("llamagate: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

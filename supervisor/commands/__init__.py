@@ -1,0 +1,1 @@
+"""One module per ``llamagate`` subcommand; each exposes ``register(subparsers)``."""
