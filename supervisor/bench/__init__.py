@@ -1,0 +1,1 @@
+"""llamagate's benchmarks: the capacity envelope harness and the supervisor/proxy/metrics cost benchmarks."""

@@ -1,0 +1,1 @@
+"""One module per ``llamagate bench`` subcommand; each exposes ``register(subparsers)``."""

@@ -1,0 +1,27 @@
+"""``llamagate bench ...``: each benchmark lives in ``supervisor.bench.commands.<name>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCH_MODULES = ("run", "sweep", "overload", "experiments", "startup", "proxy", "scrape")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("bench", help="measure this host: capacity envelope and overheads")
+    sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
+    for name in BENCH_MODULES:
+        try:
+            module = importlib.import_module(f"supervisor.bench.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"supervisor.bench.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+
+    def _no_subcommand(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=_no_subcommand)

@@ -1,0 +1,92 @@
+"""``llamagate build``: build (or find in the cache) the llama-server the lock pins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from supervisor.build import InstalledBinary, ensure_binary
+from supervisor.lock import load_lock
+from supervisor.paths import default_lock_path
+from supervisor.progress import ConsoleProgress
+
+
+def add_lock_and_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock", type=Path, default=None, help="llama-build.lock to use (default: the checkout's)"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="cache folder (default: $LLAMAGATE_CACHE_DIR, else $XDG_CACHE_HOME/llamagate)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "build",
+        help="build the pinned llama-server (a cache hit when already built)",
+        description="Fetch the locked llama.cpp source, check its sha256, build llama-server with the "
+        "locked cmake arguments and install it into the cache with a receipt. Exit 0 ok, 1 build or "
+        "check failed, 2 bad lock or usage.",
+    )
+    add_lock_and_cache(parser)
+    parser.add_argument("--print-digest", action="store_true", help="print the lock's digest and exit")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def interruptible() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so a killed build still runs its cleanup (and kills cmake)."""
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def identity_lines(installed: InstalledBinary) -> list[str]:
+    r = installed.receipt
+    version = r.version_output.splitlines()[0] if r.version_output else "?"
+    return [
+        f"  llama.cpp commit: {r.llama_cpp_commit}",
+        f"  version:          {version}",
+        f"  binary sha256:    {r.binary_sha256}",
+        f"  lock digest:      {r.lock_digest}",
+        f"  source:           {r.source} (sha256 {r.source_sha256})",
+        f"  compilers:        {'; '.join(r.compilers)}",
+        f"  built at:         {r.built_at} in {r.build_seconds:.0f} s",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    lock_path: Path = args.lock or default_lock_path()
+    if args.print_digest:
+        print(load_lock(lock_path).digest)
+        return 0
+    interruptible()
+    started = time.monotonic()
+    installed = ensure_binary(lock_path, cache=args.cache, progress=ConsoleProgress())
+    elapsed = time.monotonic() - started
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": str(installed.path),
+                    "cache_hit": installed.cache_hit,
+                    "seconds": round(elapsed, 3),
+                    "receipt": installed.receipt.to_json(),
+                },
+                indent=2,
+            )
+        )
+        return 0
+    how = "cache hit" if installed.cache_hit else "built"
+    print(f"llama-server: {installed.path} ({how}, {elapsed:.1f} s)")
+    print("\n".join(identity_lines(installed)))
+    return 0

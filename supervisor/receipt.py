@@ -1,0 +1,88 @@
+"""The build receipt: a JSON file next to each installed llama-server saying exactly how it was made.
+
+``verify`` trusts nothing else: the binary must hash to ``binary_sha256`` and the receipt must belong to
+the lock in use (``lock_digest``). Field by field documentation lives in docs/build.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import CheckFailed
+
+RECEIPT_FORMAT = 1
+RECEIPT_NAME = "receipt.json"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    lock_digest: str
+    llama_cpp_commit: str
+    target: str
+    source_kind: str
+    source: str  # where the tarball came from: "pypi-sdist pkg==ver", "url ...", "file ..."
+    source_sha256: str
+    cmake_args: tuple[str, ...]  # as locked, placeholders unexpanded (the folders were temporary)
+    compilers: tuple[str, ...]  # first `--version` line of the C and C++ compilers cmake chose
+    cmake_version: str
+    binary_sha256: str
+    binary_size: int
+    version_output: str  # everything `llama-server --version` printed
+    built_at: str  # UTC, ISO 8601
+    build_seconds: float
+    llamagate_version: str
+    platform: str
+    # None when the lock names no reference digest; False is a warning, never a failure.
+    reference_match: bool | None
+    receipt_format: int = RECEIPT_FORMAT
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cmake_args"] = list(self.cmake_args)
+        out["compilers"] = list(self.compilers)
+        return out
+
+
+def read_receipt(path: Path) -> Receipt:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckFailed(f"build receipt not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise CheckFailed(f"build receipt unreadable: {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckFailed(f"build receipt malformed: {path}: not a JSON object")
+    names = {f.name for f in fields(Receipt)}
+    missing = sorted(names - raw.keys() - {"receipt_format"})
+    unknown = sorted(raw.keys() - names)
+    if missing or unknown:
+        raise CheckFailed(f"build receipt malformed: {path}: missing {missing}, unknown {unknown}")
+    if raw.get("receipt_format", RECEIPT_FORMAT) != RECEIPT_FORMAT:
+        raise CheckFailed(f"build receipt {path}: format {raw['receipt_format']} is not supported")
+    try:
+        raw["cmake_args"] = tuple(str(a) for a in raw["cmake_args"])
+        raw["compilers"] = tuple(str(c) for c in raw["compilers"])
+        return Receipt(**raw)
+    except TypeError as exc:
+        raise CheckFailed(f"build receipt malformed: {path}: {exc}") from None
+
+
+def write_receipt(receipt: Receipt, path: Path) -> None:
+    """Write atomically: a reader sees the old receipt or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(receipt.to_json(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,103 @@
+"""The real thing: the llama-server built from llama-build.lock, verified with a real one-token decode."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.lock import load_lock
+from supervisor.receipt import read_receipt
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK = REPO / "llama-build.lock"
+
+
+def _llamagate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ),
+        cwd=REPO,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def cache_root(llama_server_binary: Path) -> Path:
+    """The cache the session's binary came from (``<root>/llama-server/<digest16>/llama-server``)."""
+    if not (llama_server_binary.parent / "receipt.json").is_file():
+        pytest.skip("LLAMAGATE_TEST_BINARY points at a binary outside llamagate's cache (no receipt)")
+    return llama_server_binary.parent.parent.parent
+
+
+def test_real_build_passes_verify_with_a_smoke_decode(
+    llama_server_binary: Path, cache_root: Path, demo_model: Path
+) -> None:
+    done = _llamagate("verify", "--lock", str(LOCK), "--cache", str(cache_root), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    lock = load_lock(LOCK)
+    assert report["ok"] is True
+    assert report["binary"] == str(llama_server_binary)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["version"]["found"] == lock.version_line
+    assert (
+        checks["binary"]["found"] == read_receipt(llama_server_binary.parent / "receipt.json").binary_sha256
+    )
+    assert checks["model"]["found"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert checks["serve"]["ok"] and "one token decoded" in checks["serve"]["detail"]
+
+
+def test_text_output_prints_path_and_identity(llama_server_binary: Path, cache_root: Path) -> None:
+    done = _llamagate("verify", "--lock", str(LOCK), "--cache", str(cache_root), "--no-serve")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"llama-server: {llama_server_binary}" in done.stdout
+    assert "llama.cpp commit: 0c1e57098bba43ac29e6e3b677cdceebdd22334f" in done.stdout
+
+
+def test_second_build_is_a_cache_hit(llama_server_binary: Path, cache_root: Path) -> None:
+    done = _llamagate("build", "--lock", str(LOCK), "--cache", str(cache_root), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["cache_hit"] is True
+    assert result["path"] == str(llama_server_binary)
+
+
+def test_one_byte_changed_in_a_copy_of_the_cache_fails_verify(
+    llama_server_binary: Path, cache_root: Path, tmp_path: Path
+) -> None:
+    install = llama_server_binary.parent
+    copy_root = tmp_path / "cache"
+    copied = copy_root / "llama-server" / install.name
+    shutil.copytree(install, copied)
+    target = copied / llama_server_binary.name
+    with target.open("r+b") as fh:
+        fh.seek(4096)
+        byte = fh.read(1)
+        fh.seek(4096)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    done = _llamagate("verify", "--lock", str(LOCK), "--cache", str(copy_root), "--no-serve")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  binary" in done.stdout
+    assert "verify: FAILED (binary)" in done.stderr
+    # The shared cache itself is untouched.
+    assert _llamagate("verify", "--lock", str(LOCK), "--cache", str(cache_root), "--no-serve").returncode == 0
+
+
+def test_demo_model_with_a_wrong_sha256_is_refused(cache_root: Path, demo_model: Path) -> None:
+    done = _llamagate(
+        "verify", "--lock", str(LOCK), "--cache", str(cache_root), "--no-serve",
+        "--model", str(demo_model), "--model-sha256", "0" * 64,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "FAIL  model" in done.stdout and "a5fd3b62230aa5ec" in done.stdout

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.errors import LockError
+from supervisor.lock import load_lock, parse_lock
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+GOOD = f"""
+format = 1
+
+[llama_cpp]
+commit = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+version_line = "version: 0.5.0-dev (build 1, commit 0c1e570)"
+
+[build]
+target = "llama-server"
+cmake_args = ["-DGGML_NATIVE=OFF", "-DCMAKE_C_FLAGS=-ffile-prefix-map={{source_dir}}=x"]
+
+[[source]]
+kind = "pypi-sdist"
+package = "llama-cpp-python"
+version = "0.3.36"
+sha256 = "{SHA}"
+subdir = "llama_cpp_python-0.3.36/vendor/llama.cpp"
+
+[[source]]
+kind = "url"
+url = "https://mirror.example.org/x.tar.gz"
+sha256 = "{SHA}"
+subdir = "x/vendor/llama.cpp"
+
+[[source]]
+kind = "file"
+path = "mirror/x.tar.gz"
+sha256 = "{SHA}"
+subdir = "x/vendor/llama.cpp"
+"""
+
+
+def test_shipped_lock_is_valid_and_the_package_symlink_points_to_it() -> None:
+    lock = load_lock(REPO / "llama-build.lock")
+    assert lock.commit == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert lock.sources[0].kind == "pypi-sdist"
+    assert lock.sources[0].sha256 == SHA
+    assert "-DGGML_NATIVE=OFF" in lock.cmake_args
+    assert lock.target == "llama-server"
+    packaged = REPO / "supervisor" / "data" / "llama-build.lock"
+    assert packaged.is_symlink()
+    assert load_lock(packaged).digest == lock.digest
+
+
+def test_good_lock_parses_all_three_source_kinds(tmp_path: Path) -> None:
+    lock = parse_lock(GOOD, tmp_path / "llama-build.lock")
+    assert [s.kind for s in lock.sources] == ["pypi-sdist", "url", "file"]
+    assert lock.sources[2].path == tmp_path / "mirror/x.tar.gz"  # relative to the lock's folder
+    assert lock.version_line.endswith("commit 0c1e570)")
+    assert len(lock.digest) == 64
+
+
+def test_digest_ignores_comments_and_layout_but_not_content(tmp_path: Path) -> None:
+    base = parse_lock(GOOD, tmp_path / "l").digest
+    assert parse_lock("# a comment\n" + GOOD.replace("format = 1", "format=1"), tmp_path / "l").digest == base
+    changed = GOOD.replace("-DGGML_NATIVE=OFF", "-DGGML_NATIVE=ON")
+    assert parse_lock(changed, tmp_path / "l").digest != base
+
+
+def test_reference_table_does_not_change_the_digest(tmp_path: Path) -> None:
+    with_ref = GOOD + f'\n[reference]\nbinary_sha256 = "{SHA}"\ntoolchain = "gcc 12.2.0"\n'
+    lock = parse_lock(with_ref, tmp_path / "l")
+    assert lock.reference is not None and lock.reference.binary_sha256 == SHA
+    assert lock.digest == parse_lock(GOOD, tmp_path / "l").digest
+
+
+BAD = [
+    (GOOD.replace("format = 1", ""), "format: missing"),
+    (GOOD.replace("format = 1", "format = 2"), "format: 2 is not supported"),
+    (GOOD.replace('commit = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"', ""), "llama_cpp.commit: missing"),
+    (GOOD.replace("0c1e57098bba43ac29e6e3b677cdceebdd22334f", "0c1e570"), "llama_cpp.commit: must be a full"),
+    (GOOD.replace("commit 0c1e570)", "commit deadbee)"), "llama_cpp.version_line: does not mention"),
+    (GOOD.replace('target = "llama-server"', ""), "build.target: missing"),
+    (GOOD.replace('target = "llama-server"', 'target = "a b"'), "build.target: must be a plain"),
+    (GOOD.replace('cmake_args = ["-DGGML_NATIVE=OFF",', "cmake_args = [1,"), "build.cmake_args[0]: must be"),
+    (GOOD.replace("{source_dir}", "{src}"), "build.cmake_args[1]: unknown placeholder {src}"),
+    (GOOD.replace('"-DGGML_NATIVE=OFF"', '"-S/tmp"'), "build.cmake_args[0]: source and build folders"),
+    (GOOD.replace(f'sha256 = "{SHA}"', 'sha256 = "abc"', 1), "source[0].sha256: must be 64 lowercase hex"),
+    (GOOD.replace(f'sha256 = "{SHA}"', f'sha256 = "{SHA.upper()}"', 1), "source[0].sha256: must be 64"),
+    (GOOD.replace('kind = "url"', 'kind = "git"'), "source[1].kind: unknown kind 'git'"),
+    (GOOD.replace('kind = "url"', ""), "source[1].kind: missing"),
+    (GOOD.replace('url = "https://', 'url = "ftp://'), "source[1].url: must be an http(s) URL"),
+    (GOOD.replace('path = "mirror/x.tar.gz"', ""), "source[2].path: missing"),
+    (
+        GOOD.replace('subdir = "x/vendor/llama.cpp"', 'subdir = "../x"', 1),
+        "source[1].subdir: must be a relative",
+    ),
+    (GOOD.replace('version = "0.3.36"', 'version = ">=0.3"'), "source[0].version: must be one exact version"),
+    (GOOD.replace('kind = "file"', 'kind = "file"\nmirror = "x"'), "source[2].mirror: unknown key"),
+    (GOOD.replace("[build]", "[build]\njobs = 4"), "build.jobs: unknown key"),
+    (GOOD + "\nextra = 1\n", "extra: unknown key"),
+    (GOOD.split("[[source]]")[0], "source: missing"),
+    (GOOD + '\n[reference]\nbinary_sha256 = "x"\ntoolchain = "gcc"\n', "reference.binary_sha256: must be 64"),
+    ("format = 1\n[llama_cpp\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_lock_is_refused_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(LockError) as info:
+        parse_lock(text, tmp_path / "llama-build.lock")
+    assert message in str(info.value)
+    assert "llama-build.lock" in str(info.value)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    text = GOOD.replace("format = 1", "format = 9").replace('kind = "url"', 'kind = "git"')
+    with pytest.raises(LockError) as info:
+        parse_lock(text, tmp_path / "l")
+    assert "format: 9" in str(info.value) and "source[1].kind" in str(info.value)
+
+
+def test_missing_lock_file_is_a_lock_error(tmp_path: Path) -> None:
+    with pytest.raises(LockError, match="lock file not found"):
+        load_lock(tmp_path / "nope.lock")

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from supervisor.unpack import UnsafeArchive, safe_extract
+
+
+def _tar(path: Path, members: list[tarfile.TarInfo]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for m in members:
+            data = b"x" * m.size if m.isfile() else None
+            tar.addfile(m, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name: str, size: int = 3) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info
+
+
+def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info
+
+
+def test_a_normal_tree_with_inside_links_is_extracted(tmp_path: Path) -> None:
+    tb = _tar(
+        tmp_path / "ok.tar.gz",
+        [
+            _file("top/a.txt"),
+            _link("top/sub/l", "../a.txt", tarfile.SYMTYPE),
+            _link("top/h", "top/a.txt", tarfile.LNKTYPE),
+        ],
+    )
+    dest = tmp_path / "out"
+    safe_extract(tb, dest)
+    assert (dest / "top/a.txt").read_bytes() == b"xxx"
+    assert (dest / "top/sub/l").read_bytes() == b"xxx"
+    assert (dest / "top/h").read_bytes() == b"xxx"
+
+
+def test_dotdot_member_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    # A good member comes first: the check runs over every member before anything is written.
+    tb = _tar(tmp_path / "evil.tar.gz", [_file("top/a.txt"), _file("top/../../escaped.txt")])
+    dest = tmp_path / "work" / "out"
+    with pytest.raises(UnsafeArchive, match=r"outside the target folder: 'top/../../escaped.txt'"):
+        safe_extract(tb, dest)
+    assert not (tmp_path / "work" / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists()
+    assert list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        (_file("/etc/evil"), "absolute path"),
+        (_file(".."), "outside the target folder"),
+        (_link("top/l", "/etc/passwd", tarfile.SYMTYPE), "symlink 'top/l' pointing outside"),
+        (_link("top/l", "../../x", tarfile.SYMTYPE), "symlink 'top/l' pointing outside"),
+        (_link("top/h", "../x", tarfile.LNKTYPE), "hardlink 'top/h'"),
+        (_link("top/dev", "", tarfile.CHRTYPE), "special file"),
+        (_link("top/fifo", "", tarfile.FIFOTYPE), "special file"),
+    ],
+)
+def test_unsafe_members_are_refused(tmp_path: Path, member: tarfile.TarInfo, message: str) -> None:
+    tb = _tar(tmp_path / "evil.tar.gz", [_file("top/a.txt"), member])
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchive, match=message):
+        safe_extract(tb, dest)
+    assert list(dest.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_tarball_is_a_clear_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.tar.gz"
+    bogus.write_bytes(b"not a tarball")
+    with pytest.raises(Exception, match="cannot unpack"):
+        safe_extract(bogus, tmp_path / "out")
