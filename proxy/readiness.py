@@ -9,7 +9,7 @@ child's secret.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -35,6 +35,9 @@ class UpstreamSnapshot:
     retry_after_s: float
     # True when the child was started with --embeddings (then /v1/embeddings is routed).
     embeddings: bool = False
+    # Extra non-secret status fields shown verbatim on /readyz (e.g. uptime_s, restarts, last_failure).
+    # Never put a secret, a path with a secret or a key here: /readyz needs no credentials.
+    info: Mapping[str, object] = field(default_factory=dict)
 
 
 class UpstreamSource(Protocol):

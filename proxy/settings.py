@@ -65,3 +65,5 @@ class ProxySettings:
     metrics_listener: Listener | None = None
     # Max seconds a queued request may wait for a drain to finish before the daemon stops it.
     drain_timeout_s: float = 30.0
+    # One line per request on the ``llamagate.access`` logger (config: logging.access_log).
+    access_log: bool = True

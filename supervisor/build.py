@@ -222,6 +222,8 @@ def version_output(binary: Path) -> str:
             timeout=60,
             check=False,
             errors="replace",
+            # No LLAMA_ARG_* or config.ini from our environment can change what it reports.
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"{binary} --version did not run: {exc}") from None

@@ -25,7 +25,29 @@ Handler = Callable[[argparse.Namespace], int]
 log = logging.getLogger("llamagate.cli")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Global options that take a value; needed to find the subcommand's name before parsing.
+_VALUED_GLOBALS = frozenset({"--log-format", "--log-level"})
+
+
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line, if any. Importing only its module keeps start-up
+    short: every command module together costs ~0.5 s of imports, which `serve` would pay on each
+    (re)start and `status` on each health check."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _VALUED_GLOBALS:
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        return arg if arg in COMMAND_MODULES else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llamagate",
         description="Supervisor and admission-controlled proxy for a pinned llama.cpp llama-server.",
@@ -34,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     parser.add_argument("--log-level", default="INFO", help="log level (DEBUG, INFO, WARNING, ...)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in (only,) if only else COMMAND_MODULES:
         try:
             module = importlib.import_module(f"supervisor.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -48,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_chosen_command(args_list))
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code) if isinstance(exc.code, int) else 2
     from supervisor import logs

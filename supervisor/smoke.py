@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import secrets
 import signal
-import socket
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,7 +21,10 @@ from pathlib import Path
 
 import httpx
 
+from supervisor.child import free_port, spawn_tied
 from supervisor.errors import StartupError
+from supervisor.launch import CHILD_HOST, build_env, new_secret
+from supervisor.osseam import describe_exit as _describe_exit
 from supervisor.probes import ProbeError, ServedModel, get_health, get_models, one_token_completion
 
 _LOG_TAIL_LINES = 15
@@ -39,39 +38,9 @@ class SmokeResult:
     models: tuple[ServedModel, ...]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-_WHY = {
-    signal.SIGILL: " (illegal instruction: the binary uses CPU instructions this machine does not allow;"
-    " a GGML_NATIVE=ON build does that on some VMs)",
-    signal.SIGKILL: " (killed from outside: out of memory?)",
-    signal.SIGSEGV: " (segmentation fault)",
-}
-
-
 def describe_exit(returncode: int) -> str:
-    if returncode >= 0:
-        return f"exit status {returncode}"
-    try:
-        sig = signal.Signals(-returncode)
-    except ValueError:
-        return f"killed by signal {-returncode}"
-    return f"killed by {sig.name}{_WHY.get(sig, '')}"
-
-
-def child_env(config_home: Path, secret: str) -> dict[str, str]:
-    return {
-        "PATH": os.defpath,
-        "HOME": str(config_home),
-        "XDG_CONFIG_HOME": str(config_home),
-        "LC_ALL": "C",
-        "LLAMA_API_KEY": secret,
-    }
+    """How the smoke child died; nobody in llamagate had signalled it yet."""
+    return _describe_exit(returncode, we_killed=False)
 
 
 def _tail(log_path: Path) -> str:
@@ -93,28 +62,21 @@ async def smoke_decode(
 ) -> SmokeResult:
     with tempfile.TemporaryDirectory(prefix="llamagate-smoke-") as tmp_name:
         tmp = Path(tmp_name)
-        config_home = tmp / "config"
-        config_home.mkdir()
-        secret = secrets.token_urlsafe(32)
+        (tmp / "config").mkdir()
+        secret = new_secret()
         port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        argv = [str(binary), "-m", str(model), "--alias", alias, "--host", "127.0.0.1"]
+        base_url = f"http://{CHILD_HOST}:{port}"
+        argv = [str(binary), "-m", str(model), "--alias", alias, "--host", CHILD_HOST]
         argv += ["--port", str(port), "-ngl", "0", "-np", "1", "-c", "512", "--no-ui"]
         log_path = tmp / "llama-server.log"
         started = time.monotonic()
         with log_path.open("wb") as log_fh:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                env=child_env(config_home, secret),
-                cwd=tmp,
-                # Same process group as llamagate: a group signal (Ctrl-C, ``timeout``) stops the
-                # child too, even if llamagate dies before its own cleanup runs.
-            )
+            # Tied to us like the daemon's child (dies with us, even on SIGKILL), and in our process
+            # group: a group signal (Ctrl-C, ``timeout``) stops it as it stops us.
+            proc = await spawn_tied(argv, build_env(secret, tmp), tmp, stdout=log_fh, own_group=False)
         try:
-            async with httpx.AsyncClient() as client:
+            # trust_env=False: an HTTP(S)_PROXY from the environment must not carry loopback probes.
+            async with httpx.AsyncClient(trust_env=False) as client:
                 await _wait_healthy(proc, client, base_url, started + ready_timeout_s, log_path)
                 ready = time.monotonic() - started
                 try:

@@ -101,3 +101,34 @@ def test_demo_model_with_a_wrong_sha256_is_refused(cache_root: Path, demo_model:
     )  # fmt: skip
     assert done.returncode == 1
     assert "FAIL  model" in done.stdout and "a5fd3b62230aa5ec" in done.stdout
+
+
+def test_sigkill_of_verify_during_the_smoke_decode_leaves_no_child(cache_root: Path, tmp_path: Path) -> None:
+    # The smoke test's llama-server must die with `llamagate verify`, as the daemon's child does.
+    import psutil
+
+    from tests.integration.conftest import process_gone, wait_until
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "verify", "--lock", str(LOCK), "--cache", str(cache_root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        children: list[psutil.Process] = []
+
+        def child_started() -> bool:
+            children[:] = [
+                c for c in psutil.Process(proc.pid).children() if c.name().startswith("llama-server")
+            ]
+            return bool(children)
+
+        wait_until(child_started, "verify to start llama-server", timeout=120)
+        proc.kill()
+        proc.wait(30)
+        wait_until(lambda: process_gone(children[0].pid), "the smoke child to die with verify")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -92,7 +92,7 @@ async def test_transport_errors_propagate_for_pollers() -> None:
 def test_describe_exit_explains_sigill_and_sigkill() -> None:
     assert "illegal instruction" in describe_exit(-signal.SIGILL)
     assert "out of memory?" in describe_exit(-signal.SIGKILL)
-    assert describe_exit(1) == "exit status 1"
+    assert describe_exit(1) == "exited with code 1"
 
 
 async def test_stop_child_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:

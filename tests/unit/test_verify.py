@@ -163,7 +163,7 @@ def test_a_binary_that_dies_on_start_fails_fast_with_its_log(
     )
     assert code == 1
     assert "FAIL  serve" in out
-    assert "exited during startup (exit status 1)" in out
+    assert "exited during startup (exited with code 1)" in out
     assert "failed to load model (fake)" in out  # the child's own last log line
 
 

@@ -1,0 +1,150 @@
+"""The real OS side of the seam: spawning llama-server so that it can never outlive the daemon.
+
+Three things keep the child tied to us:
+- ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child between fork and exec: when the daemon dies, even
+  by SIGKILL, the kernel kills the child. PDEATHSIG fires when the *thread* that forked exits, so
+  spawning happens on the event loop's thread (asyncio forks in the calling thread), never in a worker
+  thread that could end while the daemon lives. A parent that died before prctl ran is caught by
+  comparing getppid() with the pid we expect.
+- its own process group: Ctrl-C in a terminal sends SIGINT to the whole foreground group; the child
+  must not get it behind the daemon's back (the daemon drains first, then decides how it stops).
+- the child is reaped by awaiting it, so its exit is noticed at once, not at the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    def preexec() -> None:
+        # Runs in the forked child before exec: only async-signal-safe work (two syscalls).
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)  # the daemon is already gone
+
+    return preexec
+
+
+class RealChild:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        try:
+            self._ps: psutil.Process | None = psutil.Process(proc.pid)
+        except psutil.Error:
+            self._ps = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(sig)
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    async def output(self) -> AsyncIterator[bytes]:
+        stream = self._proc.stdout
+        if stream is None:
+            return
+        while chunk := await stream.read(65536):
+            yield chunk
+
+    def progress_sample(self) -> tuple[float, int] | None:
+        if self._ps is None:
+            return None
+        try:
+            with self._ps.oneshot():
+                cpu = self._ps.cpu_times()
+                io = self._ps.io_counters()
+            # Storage reads only (page faults on the mmapped model count): not read_chars, which
+            # also counts the HTTP requests our own /health polls make it read.
+            return cpu.user + cpu.system, int(io.read_bytes)
+        except (psutil.Error, AttributeError):
+            return None
+
+    def rss_bytes(self) -> int | None:
+        if self._ps is None:
+            return None
+        try:
+            return int(self._ps.memory_info().rss)
+        except psutil.Error:
+            return None
+
+    def cpu_seconds(self) -> float | None:
+        if self._ps is None:
+            return None
+        try:
+            t = self._ps.cpu_times()
+            return float(t.user + t.system)
+        except psutil.Error:
+            return None
+
+
+async def spawn_tied(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    *,
+    stdout: int | IO[bytes] = asyncio.subprocess.PIPE,
+    own_group: bool = True,
+) -> asyncio.subprocess.Process:
+    """Start a child that the kernel kills when this process dies; stderr joins stdout. Every
+    llama-server llamagate starts (the daemon's, verify's smoke test) goes through here."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=asyncio.subprocess.STDOUT,
+        env=dict(env),
+        cwd=cwd,
+        preexec_fn=_die_with_parent(os.getpid()),
+        process_group=0 if own_group else None,
+    )
+
+
+class RealOs:
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> RealChild:
+        return RealChild(await spawn_tied(argv, env, cwd))
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def port_open(self, port: int) -> bool:
+        return port_open(port)
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now. The child binds it a moment later; if someone else wins
+    that race, the child exits at once with 'couldn't bind' and the next attempt picks another."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0

@@ -1,0 +1,72 @@
+"""What of llama-server's own log may reach ours: its lines, minus the parts that quote a request.
+
+At its default verbosity the pinned llama-server prints no prompt or completion for a request that
+succeeds, but some failures echo the request back to stderr. Seen with the pinned build (2 slots,
+gemma-3-270m), each line from a request whose body carried the marker CANARY:
+
+    0.47.499.866 W srv    operator(): got exception: {"error":{"code":500,"message":"[json.exception.
+        parse_error.101] parse error at line 1, column 41: syntax error while parsing value - invalid
+        string: surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF; last read: '"CANARY
+        secret text \\ud800 '","type":"server_error"}}
+    parse: error parsing grammar: Undefined rule identifier 'CANARY'
+    <blank line, then the request's whole grammar, unprefixed, line by line>
+
+The first quotes prompt text: Python's JSON parser (the proxy's) accepts a lone surrogate escape or
+``NaN`` that nlohmann::json (the child's) refuses, and its error repeats the input it last read. The
+second dumps a client's grammar. ``LineFilter`` keeps such lines' shape and drops the quoted part;
+every other line is passed as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# llama-server's log lines: "0.02.593.227 I srv  load_model: ...": the letter is the level.
+LLAMA_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([DIWE]) ")
+_EXCEPTION = "got exception:"
+_LAST_READ = "last read:"
+_GRAMMAR = "error parsing grammar"
+WITHHELD = "(withheld: quotes the request)"
+
+
+def _exception_summary(payload: str) -> str:
+    """The error's code and type, never its message."""
+    try:
+        err = json.loads(payload)["error"]
+        return f"code {int(err['code'])}, type {str(err['type'])[:40]} {WITHHELD}"
+    except (ValueError, KeyError, TypeError):
+        return WITHHELD
+
+
+class LineFilter:
+    """One per child: a grammar dump spans several lines, so the filter remembers being inside one."""
+
+    def __init__(self) -> None:
+        self._in_grammar_dump = False
+
+    def __call__(self, line: str) -> str | None:
+        """The line as it may be logged, or None to drop it."""
+        prefixed = LLAMA_LINE.match(line) is not None
+        if self._in_grammar_dump:
+            if not prefixed:
+                return None  # the client's grammar, line by line
+            self._in_grammar_dump = False
+        at = line.find(_GRAMMAR)
+        if at >= 0 and not prefixed:
+            self._in_grammar_dump = True
+            return f"{line[: at + len(_GRAMMAR)]} {WITHHELD}"
+        at = line.find(_EXCEPTION)
+        if at >= 0:
+            end = at + len(_EXCEPTION)
+            return f"{line[:end]} {_exception_summary(line[end:].strip())}"
+        at = line.find(_LAST_READ)
+        if at >= 0:
+            return f"{line[: at + len(_LAST_READ)]} {WITHHELD}"
+        return line
+
+
+def is_error(line: str) -> bool:
+    """llama-server's E level, or an unprefixed line that says error (ggml aborts, exceptions)."""
+    m = LLAMA_LINE.match(line)
+    return (m is not None and m.group(1) == "E") or (m is None and "error" in line.lower())

@@ -1,0 +1,95 @@
+"""``llamagate serve``: bring up llama-server under supervision behind the proxy.
+
+With no configuration at all this is the quick start: the demo model, the binary built from the lock
+(both fetched/built on first use, with progress), 127.0.0.1:8080, 2 slots x 4096, and one fresh API
+key printed once on stdout (never logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import replace
+
+from proxy.auth import new_key
+from proxy.settings import KeyEntry
+from supervisor import logs
+from supervisor.commands.config import add_config_argument
+from supervisor.config import load_config, resolve_config_path
+from supervisor.config_schema import Config
+from supervisor.daemon import Daemon, bind_listener
+from supervisor.prepare import prepare
+from supervisor.progress import ConsoleProgress
+
+log = logging.getLogger("llamagate.serve")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("serve", help="run the daemon: supervised llama-server behind the proxy")
+    add_config_argument(parser)
+    parser.add_argument("--host", help="override proxy.host")
+    parser.add_argument("--port", type=int, help="override proxy.port")
+    parser.set_defaults(func=_serve)
+
+
+def _apply_logging(args: argparse.Namespace, cfg: Config) -> None:
+    # The command line's --log-format json / --log-level win; otherwise the config's choice applies.
+    fmt: logs.LogFormat = "json" if "json" in (args.log_format, cfg.logging.format) else "text"
+    level = args.log_level.upper() if args.log_level.upper() != "INFO" else cfg.logging.level
+    logs.setup(fmt, level)
+
+
+def generate_key(cfg: Config) -> tuple[str, KeyEntry] | None:
+    """One fresh inference+admin key when the config has none (and no anonymous tenant)."""
+    if cfg.keys or cfg.proxy.anonymous_tenant is not None:
+        return None
+    return new_key(cfg.tenants[0].name, frozenset({"inference", "admin"}))
+
+
+def _banner(cfg: Config, key: str) -> str:
+    base = f"http://{cfg.proxy.host}:{cfg.proxy.port}"
+    alias = cfg.llama.model.alias
+    return f"""\
+llamagate: no API key in the configuration; this one is valid until the daemon stops (shown once):
+
+    {key}
+
+  curl {base}/v1/chat/completions -H "Authorization: Bearer {key}" \\
+       -H "Content-Type: application/json" \\
+       -d '{{"model": "{alias}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
+
+  # Python, OpenAI SDK
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="{key}")
+  reply = client.chat.completions.create(
+      model="{alias}", messages=[{{"role": "user", "content": "Hello"}}]
+  )
+  print(reply.choices[0].message.content)
+
+  llamagate status --url {base}        (readiness; add --key for identity)
+"""
+
+
+def _serve(args: argparse.Namespace) -> int:
+    path = resolve_config_path(args.config)
+    cfg = load_config(path)
+    if args.host or args.port:
+        proxy = replace(cfg.proxy, host=args.host or cfg.proxy.host, port=args.port or cfg.proxy.port)
+        cfg = replace(cfg, proxy=proxy)
+    _apply_logging(args, cfg)
+    sock = bind_listener(cfg.proxy.host, cfg.proxy.port)
+    try:
+        prepared = prepare(cfg, progress=ConsoleProgress())
+        for line in prepared.budget.lines():
+            log.info(f"memory budget: {line.strip()}")
+        generated = generate_key(cfg)
+        if generated is not None:
+            # stdout, once, never a log line: logs are kept and shipped; this key must not be.
+            sys.stdout.write(_banner(cfg, generated[0]))
+            sys.stdout.flush()
+        daemon = Daemon(cfg, prepared, config_path=path, generated_keys=[generated[1]] if generated else [])
+        return asyncio.run(daemon.run(sock))
+    finally:
+        sock.close()

@@ -1,0 +1,127 @@
+"""``llamagate status``: is the daemon ready, and what does it serve? A health check for cron,
+Nagios or a Kubernetes exec probe: exit 0 ready, 1 not ready, 2 unreachable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import httpx
+
+from supervisor.commands.config import add_config_argument
+from supervisor.config import load_config, resolve_config_path
+
+URL_ENV = "LLAMAGATE_URL"
+KEY_ENV = "LLAMAGATE_ADMIN_KEY"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "status", help="readiness and identity of a running daemon (exit 0 ready, 1 not ready, 2 unreachable)"
+    )
+    parser.add_argument(
+        "--url",
+        help=f"daemon URL (default ${URL_ENV}, else proxy.host/port of --config, else 127.0.0.1:8080)",
+    )
+    add_config_argument(parser)
+    parser.add_argument("--key", help=f"admin key, to show the identity (default ${KEY_ENV})")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    parser.add_argument("--json", action="store_true", help="print the raw answers as JSON")
+    parser.set_defaults(func=_status)
+
+
+def _fmt_duration(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return "-"
+    s = int(seconds)
+    return (
+        f"{s // 86400}d {s % 86400 // 3600}h {s % 3600 // 60}m {s % 60}s"
+        if s >= 86400
+        else (f"{s // 3600}h {s % 3600 // 60}m {s % 60}s" if s >= 3600 else f"{s // 60}m {s % 60}s")
+    )
+
+
+def _default_url(args: argparse.Namespace) -> str:
+    if os.environ.get(URL_ENV):
+        return os.environ[URL_ENV]
+    path = resolve_config_path(args.config)
+    if path is None:
+        return "http://127.0.0.1:8080"
+    proxy = load_config(path).proxy
+    host = "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host  # noqa: S104 - reading, not binding
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{proxy.port}"
+
+
+def _status(args: argparse.Namespace) -> int:
+    url = (args.url or _default_url(args)).rstrip("/")
+    key = args.key or os.environ.get(KEY_ENV)
+    with httpx.Client(timeout=args.timeout, trust_env=False) as client:
+        try:
+            response = client.get(f"{url}/readyz")
+            ready_body = response.json()
+        except httpx.HTTPError as exc:
+            print(f"unreachable: {url}: {type(exc).__name__}: {exc}")
+            return 2
+        except ValueError:
+            code = response.status_code
+            print(f"unreachable: {url}/readyz did not answer JSON (HTTP {code}); is this llamagate?")
+            return 2
+        identity: Any = None
+        identity_error = None
+        if key:
+            try:
+                r = client.get(f"{url}/admin/identity", headers={"Authorization": f"Bearer {key}"})
+                identity = r.json() if r.status_code == 200 else None
+                if r.status_code != 200:
+                    identity_error = f"HTTP {r.status_code}"
+            except (httpx.HTTPError, ValueError) as exc:
+                identity_error = str(exc)
+    ready = bool(ready_body.get("ready")) and response.status_code == 200
+    if args.json:
+        print(json.dumps({"url": url, "readyz": ready_body, "identity": identity}, indent=2))
+        return 0 if ready else 1
+    print(f"{url}: {'READY' if ready else 'NOT READY'}")
+    print(
+        f"  state        {ready_body.get('state')}"
+        + (f" ({ready_body['reason']})" if ready_body.get("reason") else "")
+    )
+    b = ready_body
+    print(f"  model        {b.get('model')}  {b.get('slots')} slots x {b.get('ctx_per_slot')} tokens")
+    print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
+    print(f"  restarts     {ready_body.get('restarts', '-')}")
+    print(f"  last failure {ready_body.get('last_failure') or '-'}")
+    print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
+    if identity_error:
+        print(f"  identity     not available: {identity_error}")
+    elif isinstance(identity, dict):
+        _print_identity(identity)
+    return 0 if ready else 1
+
+
+def _print_identity(identity: dict[str, Any]) -> None:
+    build = identity.get("llama_cpp") or {}
+    binary = identity.get("binary") or {}
+    model = identity.get("model") or {}
+    serving = identity.get("serving") or {}
+    host = identity.get("host") or {}
+    print(f"  llama.cpp    {build.get('commit') or build.get('version') or build.get('source')}")
+    print(f"  binary       {binary.get('path')} sha256 {binary.get('sha256')}")
+    if build.get("cmake_args"):
+        print(f"  cmake        {' '.join(build['cmake_args'])}")
+    print(
+        f"  model file   {model.get('path')} ({model.get('size_bytes')} bytes) sha256 {model.get('sha256')}"
+    )
+    threads = f"{serving.get('threads')}/{serving.get('threads_batch')}"
+    print(
+        f"  serving      alias {model.get('alias')}, threads {threads}, "
+        f"{serving.get('slots')} slots x {serving.get('ctx_per_slot')}"
+    )
+    mem = host.get("memory_total_bytes")
+    mem_s = f"{mem / 2**30:.1f} GiB" if isinstance(mem, int) else "-"
+    print(
+        f"  host         {host.get('cpu_model')}, {host.get('cpu_physical')} cores "
+        f"({host.get('cpu_logical')} logical), {mem_s}, {host.get('os')} {host.get('kernel')}"
+    )

@@ -1,0 +1,170 @@
+"""A fake llama-server for the supervisor's fault paths. Standard library only (it runs under the
+scrubbed environment the supervisor gives its child).
+
+It accepts llama-server's command line (the flags the supervisor passes), binds the port at once and
+answers 503 "Loading model" like the real one while it "loads", then serves /health, /v1/models
+(alias and per-slot n_ctx = -c / -np) and a one-token /v1/completions, all but /health behind the
+LLAMA_API_KEY bearer secret. Switches make it misbehave:
+
+  --load-seconds S              normal load time (default 0.2)
+  --exit-during-load CODE       print a few log lines, then exit with CODE before ready
+  --stall-during-load           print one line, then go silent (and idle) forever while "loading"
+  --slow-but-progressing-load S load for S seconds, printing a line every 0.2 s
+  --hang-after-ready S          S seconds after ready, stop answering /health (requests hang)
+  --crash-after-ready S         S seconds after ready, exit with code 3
+  --crash-file PATH             crash after ready only while PATH exists (a crash loop a test can end)
+  --ignore-sigterm              ignore SIGTERM (only SIGKILL ends it)
+  --wrong-ctx                   report a different n_ctx than asked (the readiness gate must refuse)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"0.00.000.000 I fake {msg}\n")
+    sys.stderr.flush()
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("-m", "--model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-c", "--ctx-size", type=int, default=4096)
+    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("-a", "--alias", default="fake")
+    p.add_argument("-t", "--threads")
+    p.add_argument("-tb", "--threads-batch")
+    p.add_argument("-ngl", "--gpu-layers")
+    p.add_argument("-ctk", "--cache-type-k")
+    p.add_argument("-ctv", "--cache-type-v")
+    p.add_argument("--cache-ram")
+    p.add_argument("--ctx-checkpoints")
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--no-ui", action="store_true")
+    p.add_argument("--embeddings", action="store_true")
+    p.add_argument("--load-seconds", type=float, default=0.2)
+    p.add_argument("--exit-during-load", type=int)
+    p.add_argument("--stall-during-load", action="store_true")
+    p.add_argument("--slow-but-progressing-load", type=float)
+    p.add_argument("--hang-after-ready", type=float)
+    p.add_argument("--crash-after-ready", type=float)
+    p.add_argument("--crash-file")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--wrong-ctx", action="store_true")
+    return p.parse_args()
+
+
+class State:
+    ready = threading.Event()
+    hang = threading.Event()
+    args: argparse.Namespace
+    secret = ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+    def reply(self, code: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def gate(self) -> bool:
+        if not State.ready.is_set():
+            self.reply(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            return False
+        if self.path != "/health" and self.headers.get("Authorization") != f"Bearer {State.secret}":
+            self.reply(
+                401, {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+            )
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if State.hang.is_set():
+            time.sleep(3600)
+        if not self.gate():
+            return
+        a = State.args
+        if self.path == "/health":
+            self.reply(200, {"status": "ok"})
+        elif self.path in ("/v1/models", "/models"):
+            n_ctx = a.ctx_size // a.parallel + (256 if a.wrong_ctx else 0)
+            self.reply(200, {"object": "list", "data": [{"id": a.alias, "meta": {"n_ctx": n_ctx}}]})
+        else:
+            self.reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    def do_POST(self) -> None:
+        if State.hang.is_set():
+            time.sleep(3600)
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        if not self.gate():
+            return
+        if self.path in ("/v1/completions", "/completions"):
+            self.reply(
+                200,
+                {
+                    "choices": [{"text": " Paris", "index": 0, "finish_reason": "length"}],
+                    "usage": {"completion_tokens": 1, "prompt_tokens": 5, "total_tokens": 6},
+                },
+            )
+        else:
+            self.reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+
+def main() -> None:
+    a = parse()
+    State.args = a
+    State.secret = os.environ.get("LLAMA_API_KEY", "")
+    if a.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    server = ThreadingHTTPServer((a.host, a.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log(f"loading model '{a.model}'")
+    if a.exit_during_load is not None:
+        log("error: failed to load model (fake)")
+        time.sleep(0.1)
+        sys.exit(a.exit_during_load)
+    if a.stall_during_load:
+        while True:
+            time.sleep(3600)
+    if a.slow_but_progressing_load is not None:
+        end = time.monotonic() + a.slow_but_progressing_load
+        while time.monotonic() < end:
+            log("loading tensors ...")
+            time.sleep(0.2)
+    else:
+        time.sleep(a.load_seconds)
+    State.ready.set()
+    log(f"listening on http://{a.host}:{a.port}")
+    if a.hang_after_ready is not None:
+        time.sleep(a.hang_after_ready)
+        log("hanging (fake)")
+        State.hang.set()
+    crash = a.crash_after_ready is not None and (a.crash_file is None or os.path.exists(a.crash_file))
+    if crash:
+        time.sleep(a.crash_after_ready)
+        log("error: crashing (fake)")
+        os._exit(3)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""A child started through ``child.spawn_tied`` dies with the process that started it, even by SIGKILL,
+also when the event loop that spawned it does not run on the main thread (PR_SET_PDEATHSIG follows the
+forking thread; asyncio forks on the loop's thread)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import asyncio, threading
+from pathlib import Path
+from supervisor.child import spawn_tied
+
+async def main():
+    proc = await spawn_tied(["/bin/sleep", "300"], {"PATH": "/bin"}, Path("/"))
+    print(proc.pid, flush=True)
+    await asyncio.sleep(3600)
+
+if ON_A_THREAD:
+    threading.Thread(target=asyncio.run, args=(main(),), name="loop").start()
+    threading.Event().wait()
+else:
+    asyncio.run(main())
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("on_a_thread", [False, True], ids=["loop-on-main-thread", "loop-on-other-thread"])
+def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
+    script = SCRIPT.replace("ON_A_THREAD", repr(on_a_thread))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert not gone(pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone(pid), "the child outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()

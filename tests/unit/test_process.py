@@ -1,0 +1,248 @@
+"""The state machine alone: plain numbers for time, no process, no sleep."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.process import (
+    Action,
+    Exited,
+    GateFailed,
+    GatePassed,
+    HealthFailed,
+    HealthOk,
+    IllegalTransition,
+    Machine,
+    Output,
+    Restart,
+    SpawnFailed,
+    Start,
+    State,
+    Stop,
+    Tick,
+)
+from supervisor.restart import Policy
+
+S = State
+A = Action
+
+
+def policy(**kw: object) -> Policy:
+    base: dict[str, object] = dict(
+        load_timeout_s=60.0,
+        stall_timeout_s=10.0,
+        health_failures=3,
+        stable_after_s=30.0,
+        max_restarts=3,
+        restart_window_s=100.0,
+        stop_grace_s=5.0,
+        backoff=lambda attempt: float(attempt),  # deterministic: 1 s, 2 s, 3 s ...
+    )
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+def ready_machine(**kw: object) -> Machine:
+    m = Machine(policy(**kw))
+    assert m.step(Start(), 0.0) == [A.SPAWN]
+    assert m.step(GatePassed(1), 2.0) == [A.START_LIVENESS]
+    assert m.state is S.READY
+    return m
+
+
+def test_start_then_gate_passed_is_ready() -> None:
+    m = Machine(policy())
+    assert m.state is S.STOPPED
+    assert m.step(Start(), 0.0) == [A.SPAWN]
+    assert (m.state, m.generation, m.reason) == (S.STARTING, 1, "loading the model")
+    assert not m.ready
+    assert m.step(GatePassed(1), 1.5) == [A.START_LIVENESS]
+    assert m.state is S.READY and m.ready and m.reason is None
+    assert [(t.old, t.new) for t in m.transitions] == [(S.STARTING, S.READY)]
+
+
+def test_transitions_are_guarded() -> None:
+    m = Machine(policy())
+    with pytest.raises(IllegalTransition):
+        m._go(S.READY, None)
+    # Events that make no sense in a state are ignored, not forced through.
+    assert m.step(GatePassed(0), 1.0) == []
+    assert m.step(HealthFailed(0, "x"), 1.0) == []
+    assert m.state is S.STOPPED
+
+
+def test_exit_during_load_backs_off_then_restarts() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    assert m.step(Exited(1, "exited with code 1"), 0.5) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF
+    assert m.last_failure == "exited during load: exited with code 1"
+    assert m.reason == "restarting in 1.0 s after: exited during load: exited with code 1"
+    assert m.next_deadline() == 1.5
+    assert m.step(Tick(), 1.4) == []
+    assert m.step(Tick(), 1.5) == [A.SPAWN]
+    assert (m.state, m.generation, m.restarts) == (S.STARTING, 2, 1)
+    assert m.failures == {"load_exit": 1}
+
+
+def test_stalled_load_is_killed_when_the_log_goes_quiet() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    assert m.next_deadline() == 10.0  # stall deadline comes before the 60 s cap
+    assert m.step(Tick(), 9.9) == []
+    assert m.step(Tick(), 10.0) == [A.STOP_PROBES, A.KILL]
+    assert m.state is S.STOPPING
+    assert m.last_failure == "load stalled: no output and no progress for 10 s"
+    assert m.step(Exited(1, "killed by SIGKILL"), 10.1) == []
+    assert m.state is S.BACKOFF
+
+
+def test_slow_but_progressing_load_is_extended_until_the_hard_cap() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    for t in range(5, 60, 5):  # output every 5 s: never stalls
+        m.step(Output(1), float(t))
+        assert m.step(Tick(), float(t) + 0.1) == []
+        assert m.state is S.STARTING
+    assert m.next_deadline() == 60.0
+    assert m.step(Tick(), 60.0) == [A.STOP_PROBES, A.KILL]
+    assert m.last_failure == "load timeout: not ready after 60 s"
+
+
+def test_bad_gate_answer_kills_and_restarts() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    assert m.step(GateFailed(1, "/v1/models reports n_ctx 2048"), 1.0) == [A.STOP_PROBES, A.KILL]
+    assert m.step(Exited(1, "killed by SIGKILL"), 1.1) == []
+    assert m.state is S.BACKOFF
+    assert m.failures == {"gate": 1}
+
+
+def test_spawn_failure_counts_as_a_failure() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    assert m.step(SpawnFailed(1, "No such file"), 0.0) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF and m.last_failure == "could not start: No such file"
+
+
+def test_health_failures_make_unhealthy_then_dead() -> None:
+    m = ready_machine()
+    assert m.step(HealthFailed(1, "timeout"), 10.0) == []
+    assert m.state is S.UNHEALTHY and not m.ready
+    assert m.step(HealthOk(1), 12.0) == []
+    assert m.state is S.READY  # one failure is not death
+    m.step(HealthFailed(1, "timeout"), 14.0)
+    m.step(HealthFailed(1, "timeout"), 16.0)
+    assert m.step(HealthFailed(1, "no answer within 2 s"), 18.0) == [A.STOP_PROBES, A.KILL]
+    assert m.state is S.STOPPING
+    assert m.last_failure == "not answering /health: 3 consecutive failures (last: no answer within 2 s)"
+    m.step(Exited(1, "killed by SIGKILL"), 18.1)
+    assert m.state is S.BACKOFF and m.failures == {"unhealthy": 1}
+
+
+def test_crash_after_ready() -> None:
+    m = ready_machine()
+    assert m.step(Exited(1, "killed by SIGKILL from outside (out of memory?)"), 5.0) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF
+    assert m.last_failure == "killed by SIGKILL from outside (out of memory?)"
+
+
+def test_crash_loop_ends_in_failed() -> None:
+    m = Machine(policy(max_restarts=2))
+    now = 0.0
+    m.step(Start(), now)
+    for _ in range(2):
+        m.step(Exited(m.generation, "exited with code 1"), now + 0.1)
+        assert m.state is S.BACKOFF
+        now = m.backoff_until or 0.0
+        m.step(Tick(), now)
+        assert m.state is S.STARTING
+    m.step(Exited(m.generation, "exited with code 1"), now + 0.1)
+    assert m.state is S.FAILED
+    assert m.reason == (
+        "gave up: 3 failures within 100 s (max_restarts 2); last: exited during load: exited with code 1"
+    )
+    assert m.next_deadline() is None
+    assert m.step(Tick(), now + 1000) == []  # FAILED stays FAILED
+    # An operator's restart (e.g. fixed config + SIGHUP) leaves FAILED with a clean slate.
+    assert m.step(Restart("llama settings changed"), now + 1000) == [A.SPAWN]
+    assert m.state is S.STARTING and m.attempt == 0
+
+
+def test_failures_outside_the_window_do_not_accumulate() -> None:
+    m = Machine(policy(max_restarts=1, restart_window_s=10.0))
+    m.step(Start(), 0.0)
+    m.step(GatePassed(1), 1.0)
+    m.step(Exited(1, "exited with code 1"), 2.0)
+    m.step(Tick(), 100.0)
+    m.step(GatePassed(2), 101.0)
+    m.step(Exited(2, "exited with code 1"), 102.0)  # the first failure is 100 s old
+    assert m.state is S.BACKOFF
+
+
+def test_backoff_grows_then_resets_after_stable() -> None:
+    m = ready_machine(stable_after_s=30.0)
+    m.step(Exited(1, "crash"), 5.0)
+    assert m.backoff_until == 6.0  # attempt 1
+    m.step(Tick(), 6.0)
+    m.step(GatePassed(2), 7.0)
+    m.step(Exited(2, "crash"), 8.0)
+    assert m.backoff_until == 10.0  # attempt 2
+    m.step(Tick(), 10.0)
+    m.step(GatePassed(3), 11.0)
+    assert m.next_deadline() == 41.0  # when READY counts as stable
+    m.step(Tick(), 41.0)
+    assert m.attempt == 0
+    m.step(Exited(3, "crash"), 50.0)
+    assert m.backoff_until == 51.0  # back to the shortest delay
+
+
+def test_stop_from_ready_terminates_then_kills_after_grace() -> None:
+    m = ready_machine()
+    assert m.step(Stop("SIGTERM"), 10.0) == [A.STOP_PROBES, A.TERMINATE]
+    assert m.state is S.STOPPING and m.reason == "stopping: SIGTERM"
+    assert m.next_deadline() == 15.0
+    assert m.step(Tick(), 14.9) == []
+    assert m.step(Tick(), 15.0) == [A.KILL]
+    assert m.next_deadline() is None
+    assert m.step(Exited(1, "killed by SIGKILL"), 15.1) == []
+    assert m.state is S.STOPPED
+    # Nothing restarts a stopped daemon's child.
+    assert m.step(Start(), 16.0) == []
+    assert m.step(Restart("x"), 16.0) == []
+
+
+def test_stop_during_backoff_or_failed_is_immediate() -> None:
+    m = Machine(policy())
+    m.step(Start(), 0.0)
+    m.step(Exited(1, "exited with code 1"), 0.1)
+    assert m.step(Stop(), 0.2) == []
+    assert m.state is S.STOPPED
+
+
+def test_stop_while_restarting_wins() -> None:
+    m = ready_machine()
+    m.step(Restart("llama.slots: 2 -> 4"), 3.0)
+    assert m.state is S.STOPPING
+    m.step(Stop("SIGTERM"), 3.1)
+    m.step(Exited(1, "exited with code 0"), 3.2)
+    assert m.state is S.STOPPED
+
+
+def test_config_restart_goes_straight_back_to_starting() -> None:
+    m = ready_machine()
+    assert m.step(Restart("llama.slots: 2 -> 4"), 3.0) == [A.STOP_PROBES, A.TERMINATE]
+    assert m.reason == "restarting: llama.slots: 2 -> 4"
+    assert m.step(Exited(1, "exited with code 0"), 3.5) == [A.SPAWN]
+    assert (m.state, m.generation) == (S.STARTING, 2)
+    assert m.failures == {}  # not a failure
+
+
+def test_events_from_an_old_child_are_ignored() -> None:
+    m = ready_machine()
+    m.step(Exited(1, "crash"), 5.0)
+    m.step(Tick(), 6.0)
+    assert m.generation == 2
+    assert m.step(GatePassed(1), 6.5) == []
+    assert m.step(Exited(1, "late"), 6.6) == []
+    assert m.state is S.STARTING

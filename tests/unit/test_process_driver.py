@@ -1,0 +1,339 @@
+"""The driver with a fake OS seam and a fake clock: spawn, gate, crash, restart, stop; no process,
+no socket, no sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from supervisor.driver import ChildSupervisor
+from supervisor.launch import LaunchSpec
+from supervisor.osseam import ProbeUnreachable, ServedModel
+from supervisor.process import State, Stop, Tick
+from supervisor.restart import Policy
+
+
+class FakeChild:
+    def __init__(self, pid: int, ignore_sigterm: bool = False) -> None:
+        self.pid = pid
+        self.signals: list[int] = []
+        self.ignore_sigterm = ignore_sigterm
+        self.counter = 0.0
+        self.read_bytes = 0
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def say(self, text: str) -> None:
+        self._out.put_nowait(text.encode())
+
+    def exit(self, rc: int) -> None:
+        if not self._exit.done():
+            self._out.put_nowait(None)
+            self._exit.set_result(rc)
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGKILL or (sig == signal.SIGTERM and not self.ignore_sigterm):
+            self.exit(-sig)
+
+    async def wait(self) -> int:
+        return await self._exit
+
+    async def output(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._out.get()) is not None:
+            yield chunk
+
+    def progress_sample(self) -> tuple[float, int] | None:
+        return self.counter, self.read_bytes
+
+    def rss_bytes(self) -> int | None:
+        return 123
+
+    def cpu_seconds(self) -> float | None:
+        return 1.0
+
+
+class FakeOs:
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.spawned: list[tuple[list[str], dict[str, str]]] = []
+        self.children: list[FakeChild] = []
+        self.spawn_error: OSError | None = None
+        self.ignore_sigterm = False
+        self._port = 40000
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> FakeChild:
+        if self.spawn_error is not None:
+            raise self.spawn_error
+        self.spawned.append((list(argv), dict(env)))
+        child = FakeChild(1000 + len(self.children), self.ignore_sigterm)
+        self.children.append(child)
+        return child
+
+    def free_port(self) -> int:
+        self._port += 1
+        return self._port
+
+    def port_open(self, port: int) -> bool:
+        return False
+
+    def now(self) -> float:
+        return self.t
+
+
+class FakeProbes:
+    def __init__(self) -> None:
+        self.health_status = 200
+        self.n_ctx = 4096
+        self.calls: list[str] = []
+
+    async def health(self, base_url: str, timeout_s: float) -> int:
+        self.calls.append("health")
+        if self.health_status == 0:
+            raise ProbeUnreachable("refused")
+        return self.health_status
+
+    async def models(self, base_url: str, secret: str) -> list[ServedModel]:
+        self.calls.append("models")
+        return [ServedModel("m", self.n_ctx)]
+
+    async def one_token(self, base_url: str, secret: str) -> None:
+        self.calls.append("one_token")
+
+    async def aclose(self) -> None:
+        return None
+
+
+SPEC = LaunchSpec(Path("/bin/llama-server"), Path("/m.gguf"), "m", 0, 2, 2, 2, 4096)
+
+
+def make(os_: FakeOs, probes: FakeProbes, tmp_path: Path, **policy: object) -> ChildSupervisor:
+    base: dict[str, object] = dict(
+        load_timeout_s=60.0, stall_timeout_s=10.0, stop_grace_s=5.0, backoff=lambda n: 1.0, max_restarts=5
+    )
+    base.update(policy)
+    return ChildSupervisor(
+        SPEC,
+        Policy(**base),
+        os=os_,
+        probes=probes,
+        workdir=tmp_path / "w",
+        health_interval_s=1000.0,  # type: ignore[arg-type]
+    )
+
+
+async def settle(sup: ChildSupervisor) -> None:
+    """Let the child's tasks run and dispatch what they posted, until nothing moves."""
+    for _ in range(50):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        if not await sup.dispatch_pending():
+            return
+
+
+async def start(sup: ChildSupervisor) -> None:
+    from supervisor.process import Start
+
+    await sup.dispatch(Start())
+    await settle(sup)
+
+
+async def test_spawn_gate_ready(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    sup = make(os_, probes, tmp_path)
+    seen: list[tuple[State, State]] = []
+    sup.observers.append(lambda old, new, reason: seen.append((old, new)))
+    await start(sup)
+    assert sup.state is State.READY
+    assert probes.calls[-3:] == ["health", "models", "one_token"]
+    assert seen == [(State.STOPPED, State.STARTING), (State.STARTING, State.READY)]
+    argv, env = os_.spawned[0]
+    snap = sup.snapshot()
+    assert snap.ready and snap.generation == 1
+    assert snap.base_url == f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+    assert snap.secret == env["LLAMA_API_KEY"]
+    assert (snap.model_alias, snap.slots, snap.ctx_per_slot) == ("m", 2, 4096)
+    assert sup.load_seconds == 0.0  # fake clock did not move
+    assert sup.identity()["status"]["child_pid"] == 1000  # type: ignore[index]
+
+
+async def test_wrong_context_fails_the_gate(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    probes.n_ctx = 2048
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    assert sup.state is State.BACKOFF
+    assert "expected 4096" in (sup.machine.last_failure or "")
+    assert os_.children[0].signals == [signal.SIGKILL]
+
+
+async def test_crash_is_decoded_and_restarted_with_a_new_port_and_secret(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    first = os_.children[0]
+    first.say("0.01.000.000 E srv  boom: something broke\n")
+    first.exit(-signal.SIGKILL)  # nobody in llamagate sent it
+    with caplog.at_level(logging.DEBUG):
+        await settle(sup)
+    assert sup.state is State.BACKOFF
+    assert sup.machine.last_failure == "killed by SIGKILL from outside (out of memory?)"
+    assert "boom: something broke" in sup.tail[-1]
+    assert not sup.snapshot().ready and sup.snapshot().base_url is None
+    os_.t += 1.0
+    await sup.dispatch(Tick())
+    await settle(sup)
+    assert sup.state is State.READY and sup.machine.generation == 2
+    (argv1, env1), (argv2, env2) = os_.spawned
+    assert argv1[argv1.index("--port") + 1] != argv2[argv2.index("--port") + 1]
+    assert env1["LLAMA_API_KEY"] != env2["LLAMA_API_KEY"]
+    assert sup.status()["restarts"] == 1
+    # The child's error line was logged at WARNING, the secret never.
+    assert any(r.name == "llamagate.child" and r.levelno == logging.WARNING for r in caplog.records)
+    assert env1["LLAMA_API_KEY"] not in caplog.text
+
+
+async def test_stop_escalates_to_sigkill_after_the_grace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    os_.ignore_sigterm = True
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    await sup.dispatch(Stop("SIGTERM"))
+    child = os_.children[0]
+    assert child.signals == [signal.SIGTERM]
+    assert sup.state is State.STOPPING
+    os_.t += 4.9
+    await sup.dispatch(Tick())
+    assert child.signals == [signal.SIGTERM]
+    os_.t += 0.1
+    with caplog.at_level(logging.INFO):
+        await sup.dispatch(Tick())
+        await settle(sup)
+    assert child.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert sup.state is State.STOPPED
+    assert "llama-server killed by SIGKILL" in caplog.text
+    assert "from outside" not in caplog.text
+
+
+async def test_cpu_or_disk_progress_extends_a_quiet_load(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    probes.health_status = 503  # loading: the gate keeps polling
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    child = os_.children[0]
+    os_.t += 5
+    await sup.dispatch(Tick())  # first sample
+    child.counter += 0.5  # half a core for 4 s: working
+    os_.t += 4
+    await sup.dispatch(Tick())
+    child.read_bytes += 8 << 20  # reading the model from disk
+    os_.t += 4
+    await sup.dispatch(Tick())
+    child.counter += 0.01  # 10 ms of CPU in 4 s: only answering polls, not progress
+    os_.t += 4
+    await sup.dispatch(Tick())
+    os_.t += 5.9
+    await sup.dispatch(Tick())
+    assert sup.state is State.STARTING  # quiet for 9.9 s only since the last progress
+    os_.t += 0.1
+    await sup.dispatch(Tick())
+    await settle(sup)
+    assert sup.machine.last_failure == "load stalled: no output and no progress for 10 s"
+    assert child.signals == [signal.SIGKILL]
+
+
+async def test_spawn_error_is_a_failure(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    os_.spawn_error = FileNotFoundError(2, "No such file or directory")
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    assert sup.state is State.BACKOFF
+    assert sup.machine.last_failure == "could not start: /bin/llama-server: No such file or directory"
+
+
+async def test_draining_turns_readiness_off_at_once(tmp_path: Path) -> None:
+    sup = make(FakeOs(), FakeProbes(), tmp_path)
+    await start(sup)
+    sup.draining = True
+    snap = sup.snapshot()
+    assert snap.state == "READY" and not snap.ready
+    assert snap.reason == "draining: the daemon is stopping"
+    assert snap.base_url is not None  # in-flight requests still reach the child
+    assert set(snap.info) == {"uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds"}
+
+
+async def test_observer_errors_do_not_stop_the_supervisor(tmp_path: Path) -> None:
+    sup = make(FakeOs(), FakeProbes(), tmp_path)
+
+    def broken(old: State, new: State, reason: str | None) -> None:
+        raise RuntimeError("observer bug")
+
+    sup.observers.append(broken)
+    await start(sup)
+    assert sup.state is State.READY
+
+
+async def test_run_and_stop(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    sup = make(os_, probes, tmp_path)
+    ready = asyncio.Event()
+    sup.observers.append(lambda old, new, reason: ready.set() if new is State.READY else None)
+    task = asyncio.create_task(sup.run())
+    await asyncio.wait_for(ready.wait(), 5)
+    await asyncio.wait_for(sup.stop("test"), 5)
+    assert task.done() and sup.state is State.STOPPED
+    assert os_.children[0].signals == [signal.SIGTERM]
+
+
+class BrokenProbes(FakeProbes):
+    """Probes that fail in a way nobody planned for (a bug, an unexpected library error)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    async def models(self, base_url: str, secret: str) -> list[ServedModel]:
+        if self.where == "gate":
+            raise RuntimeError("unplanned")
+        return await super().models(base_url, secret)
+
+    async def health(self, base_url: str, timeout_s: float) -> int:
+        if self.where == "liveness" and "one_token" in self.calls:
+            raise RuntimeError("unplanned")
+        return await super().health(base_url, timeout_s)
+
+
+async def test_an_unexpected_gate_error_fails_the_gate_at_once(tmp_path: Path) -> None:
+    # Not a silent dead task that leaves the child STARTING until the stall timeout blames the child.
+    os_ = FakeOs()
+    sup = make(os_, BrokenProbes("gate"), tmp_path)
+    await start(sup)
+    assert sup.state is State.BACKOFF
+    assert sup.machine.last_failure == "readiness gate failed: RuntimeError: unplanned"
+
+
+async def test_an_unexpected_probe_error_counts_as_a_failed_health_probe(tmp_path: Path) -> None:
+    # Not a silent dead liveness task that would leave a hung child READY forever.
+    os_ = FakeOs()
+    sup = ChildSupervisor(
+        SPEC,
+        Policy(health_failures=3, backoff=lambda n: 1.0),
+        os=os_,
+        probes=BrokenProbes("liveness"),
+        workdir=tmp_path / "w",
+        health_interval_s=0.0,
+    )
+    await start(sup)
+    await settle(sup)
+    assert sup.state is State.BACKOFF
+    assert sup.machine.last_failure is not None
+    assert "3 consecutive failures (last: RuntimeError: unplanned)" in sup.machine.last_failure
