@@ -1,0 +1,142 @@
+"""``create_app``: the Starlette application that is the only door to llama-server.
+
+The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
+``RequestContextMiddleware`` (request id, error mapping, access log, metrics) around a dict lookup from
+path to a pure-ASGI endpoint. Starlette's default stack (ServerErrorMiddleware, ExceptionMiddleware and
+a regex router) is not on the request path; its router still handles lifespan. Nothing in the chain
+buffers a response body. ``app.add_middleware`` therefore has no effect on requests: add layers here.
+
+The daemon reads ``app.state.runtime`` (a ``ProxyRuntime``) for drain, reload and counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
+
+from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
+from proxy.errors import MethodNotAllowed, NotFound
+from proxy.inference import Inference
+from proxy.metrics import AdmissionCollector, ProxyMetrics, Refreshable
+from proxy.readiness import UpstreamSource
+from proxy.routes import Healthz, Identity, Metrics, Passthrough, Readyz
+from proxy.runtime import ProxyRuntime
+from proxy.settings import ProxySettings
+
+_PROBES = frozenset({"/healthz", "/readyz"})
+
+
+def _routes(rt: ProxyRuntime) -> list[Route]:
+    post, get = ["POST"], ["GET"]
+    return [
+        Route("/v1/chat/completions", Inference(rt, "/v1/chat/completions"), methods=post),
+        Route("/v1/completions", Inference(rt, "/v1/completions"), methods=post),
+        Route("/v1/embeddings", Inference(rt, "/v1/embeddings", embeddings=True), methods=post),
+        Route("/v1/models", Passthrough(rt, "/v1/models", "inference"), methods=get),
+        Route("/healthz", Healthz(), methods=get),
+        Route("/readyz", Readyz(rt), methods=get),
+        Route("/metrics", Metrics(rt), methods=get),
+        Route("/admin/identity", Identity(rt), methods=get),
+        Route("/slots", Passthrough(rt, "/slots", "admin", need_ready=False), methods=get),
+        Route("/props", Passthrough(rt, "/props", "admin", need_ready=False), methods=get),
+        Route("/tokenize", Passthrough(rt, "/tokenize", "admin"), methods=post),
+        Route("/detokenize", Passthrough(rt, "/detokenize", "admin"), methods=post),
+    ]
+
+
+class _Dispatch:
+    """Exact-path routing: one dict lookup. Unknown path: 404; known path, wrong method: 405."""
+
+    def __init__(self, routes: Sequence[Route], fallback: ASGIApp) -> None:
+        # HEAD only for the probes: relayed upstream, a HEAD answer has a length but no body to wait for.
+        self._table = {
+            r.path: (frozenset(r.methods or ()) - (set() if r.path in _PROBES else {"HEAD"}), r.app)
+            for r in routes
+        }
+        self._fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._fallback(scope, receive, send)  # lifespan
+            return
+        entry = self._table.get(scope["path"])
+        if entry is None:
+            raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
+        methods, endpoint = entry
+        if scope["method"] not in methods:
+            ctx: RequestContext = scope[SCOPE_KEY]
+            ctx.route = scope["path"]  # a known route (bounded label set); only the method was wrong
+            allow = ", ".join(sorted(methods))
+            raise MethodNotAllowed(
+                f"method {scope['method']} is not allowed on {scope['path']}", headers={"allow": allow}
+            )
+        await endpoint(scope, receive, send)
+
+
+class ProxyApp(Starlette):
+    """Starlette whose request path is ``RequestContextMiddleware`` around ``_Dispatch``."""
+
+    def __init__(
+        self, routes: list[Route], wrap: Callable[[ASGIApp], ASGIApp], lifespan: Lifespan[Any]
+    ) -> None:
+        super().__init__(routes=routes, lifespan=lifespan)
+        self._wrap = wrap
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self._wrap(_Dispatch(self.router.routes, self.router))  # type: ignore[arg-type]
+
+
+def create_app(
+    settings: ProxySettings,
+    upstream: UpstreamSource,
+    *,
+    registry: CollectorRegistry | None = None,
+    extra_collectors: Iterable[Collector] = (),
+) -> Starlette:
+    """The proxy app. ``registry``: where the proxy's series go (a fresh one by default, never the global
+    default); ``extra_collectors``: more series for the same ``/metrics``."""
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    metrics = ProxyMetrics(registry)
+    runtime = ProxyRuntime(settings, upstream, metrics)
+    registry.register(AdmissionCollector(runtime.admission))
+    for collector in extra_collectors:
+        registry.register(collector)
+        if isinstance(collector, Refreshable):
+            metrics.refreshers.append(collector)
+
+    def observe(ctx: RequestContext, duration_s: float, method: str) -> None:
+        reason = ctx.outcome[9:] if ctx.outcome.startswith("rejected:") else None
+        metrics.observe_request(
+            ctx.tenant or "-",
+            ctx.route,
+            ctx.status,
+            duration_s,
+            reason,
+            ctx.queue_wait_s,
+            ctx.ttft_s,
+            ctx.tpot_s,
+            ctx.tokens,
+        )
+        if runtime.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
+            write_access_log(ctx, duration_s, method)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await runtime.aclose()
+
+    def wrap(inner: ASGIApp) -> ASGIApp:
+        return RequestContextMiddleware(inner, observe=observe, active=runtime.track_active)
+
+    app = ProxyApp(_routes(runtime), wrap, lifespan)
+    app.state.runtime = runtime
+    return app

@@ -1,0 +1,60 @@
+"""Noticing a client that went away, whatever the request is doing at the time.
+
+uvicorn's ``send`` silently drops messages once the client is gone, so a relay that only sends would
+notice nothing while it waits in the queue, for the first token, or for a non-streamed answer. The
+watcher task waits on ``receive()`` for ``http.disconnect`` and cancels the request task; the cancellation
+unwinds through admission (permit released or waiter removed) and the upstream response (its connection
+closed, which makes llama-server cancel the slot's task). Same mechanism as ``asyncio.timeout``: cancel,
+then ``uncancel`` at the boundary and raise ``ClientGone`` instead.
+
+The body must be fully read before entering: afterwards ``receive()`` has nothing else to deliver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+from starlette.types import Receive
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was complete."""
+
+
+class ClientWatch:
+    __slots__ = ("_receive", "_task", "_watcher", "complete", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[object] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.gone = False
+        # Set by the relay just before the last body message: uvicorn reports "disconnect" once a
+        # response is complete, which is not the client leaving.
+        self.complete = False
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not self.complete and self._task is not None:
+            self.gone = True
+            self._task.cancel()
+
+    async def __aenter__(self) -> ClientWatch:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # No await in here: a cancel can only have landed inside the block, never after it.
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.gone and self._task is not None:
+            self._task.uncancel()
+            if exc_type is asyncio.CancelledError:
+                raise ClientGone from None

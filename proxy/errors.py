@@ -1,0 +1,162 @@
+"""The proxy's exception tree, mapped to OpenAI-shaped JSON at one boundary (``middleware.RequestContext``).
+
+    ProxyError                      500 internal_error (a bug; the message stays generic)
+    ├── BadRequest                  400 invalid_request_error   unparsable / non-object JSON, bad field
+    │   └── ContextTooLarge         400 exceed_context_size_error  llama-server's own shape
+    ├── Unauthorized                401 authentication_error     + WWW-Authenticate: Bearer
+    ├── Forbidden                   403 permission_error         key lacks the route's scope
+    ├── NotFound                    404 not_found_error          unknown route
+    │   └── ModelNotFound           404 model_not_found          "model" is not the served alias
+    ├── MethodNotAllowed            405 invalid_request_error    + Allow
+    ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
+    ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
+    ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
+    └── UpstreamFailure             502 upstream_error           child unreachable / died / malformed answer
+        └── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
+
+Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
+their status and body untouched. ``outcome`` is the access log's word for how the request ended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+
+class ProxyError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | int = "internal_error"
+    outcome: str = "error"
+
+    def __init__(self, message: str = "internal error", *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def payload(self) -> dict[str, object]:
+        return {"message": self.message, "type": self.type, "code": self.code}
+
+    def body(self) -> bytes:
+        return json.dumps({"error": self.payload()}, separators=(",", ":")).encode()
+
+    def sse_event(self) -> bytes:
+        """The same error as one SSE event, for a stream whose 200 already went out."""
+        return b"data: " + json.dumps({"error": self.payload()}, separators=(",", ":")).encode() + b"\n\n"
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code: str | int = "invalid_request"
+    outcome = "rejected:bad_request"
+
+
+class ContextTooLarge(BadRequest):
+    """Mirrors llama-server's answer so clients see one shape whether we or the child refuse."""
+
+    type = "exceed_context_size_error"
+    code = 400
+    outcome = "rejected:context_size"
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens), "
+            "try increasing it"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def payload(self) -> dict[str, object]:
+        out = super().payload()
+        out["n_prompt_tokens"] = self.n_prompt_tokens
+        out["n_ctx"] = self.n_ctx
+        return out
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+    outcome = "rejected:unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"www-authenticate": 'Bearer realm="llamagate"'})
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+    code = "insufficient_scope"
+    outcome = "rejected:forbidden"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+    outcome = "rejected:not_found"
+
+
+class ModelNotFound(NotFound):
+    type = "invalid_request_error"
+    code = "model_not_found"
+    outcome = "rejected:model_not_found"
+
+
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+    outcome = "rejected:method_not_allowed"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+    outcome = "rejected:payload_too_large"
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    # Retry-After takes whole seconds; rounding up keeps the promise "not before this".
+    return {"retry-after": str(max(1, math.ceil(seconds)))}
+
+
+class Rejected(ProxyError):
+    """Admission said no: the tenant's queue is full or the wait hit its deadline."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, reason: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message, headers=_retry_after(retry_after_s))
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.outcome = f"rejected:{reason}"
+
+
+class NotReady(ProxyError):
+    status = 503
+    type = "unavailable_error"
+    code = "not_ready"
+    outcome = "rejected:not_ready"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, headers=_retry_after(retry_after_s))
+
+
+class UpstreamFailure(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+    outcome = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamFailure):
+    status = 504
+    type = "upstream_timeout"
+    code = "upstream_timeout"

@@ -1,0 +1,279 @@
+"""The inference routes: check, admit, forward, relay.
+
+Order matters and is cheapest-refusal first: credentials (no body read for a stranger), readiness (503
+before reading), body size and JSON, model name, the tenant's token cap, the optional prompt-size check
+(before a slot is taken), then admission, then the child. Every step that can wait (queue, first token,
+the stream) runs under the client watch, so a client that leaves releases what it held at once.
+
+Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
+stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline:
+llama-server sends nothing until it is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from proxy import body as bodies
+from proxy.auth import require
+from proxy.context import SCOPE_KEY, RequestContext
+from proxy.disconnect import ClientWatch
+from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.readiness import UpstreamSnapshot
+from proxy.runtime import ProxyRuntime
+from proxy.sse import StreamMeter, count_tokens_in_body
+from proxy.upstream import UpstreamClosed, UpstreamResponse
+
+# llama-server notices a closed connection at its next streamed token, or within its 1 s polling interval
+# (HTTP_POLLING_SECONDS in server-context.cpp) while nothing is sent; then frees the slot.
+CHILD_NOTICE_S = 1.2
+
+
+class _Exchange:
+    """What the child is doing for this request, to know whether abandoning it leaves its slot busy."""
+
+    __slots__ = ("finished", "sent", "tpot_s")
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.finished = False
+        self.tpot_s: float | None = None
+
+    def linger_s(self) -> float:
+        if not self.sent or self.finished:
+            return 0.0
+        if self.tpot_s is not None:  # generating: it notices at its next token
+            return min(CHILD_NOTICE_S, 3 * self.tpot_s + 0.05)
+        return CHILD_NOTICE_S
+
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    # Tells nginx-like fronts not to buffer the stream either.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Inference:
+    """ASGI endpoint for one inference route (chat, completions, embeddings)."""
+
+    def __init__(self, runtime: ProxyRuntime, route: str, embeddings: bool = False) -> None:
+        self.rt = runtime
+        self.route = route
+        self.embeddings = embeddings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = self.rt
+        ctx: RequestContext = scope[SCOPE_KEY]
+        ctx.route = self.route
+        principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
+        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+        require(principal, "inference")
+        tenant = rt.tenant(principal.tenant)
+        snap = rt.ready_snapshot()
+        if self.embeddings and not snap.embeddings:
+            raise NotFound("embeddings are not enabled on this server (llama.embeddings: false)")
+        settings = rt.settings
+        raw = await bodies.read_body(receive, ctx.content_length, settings.max_body_bytes)
+        payload = bodies.parse_object(raw)
+        rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
+        if rewrite:
+            payload["model"] = snap.model_alias
+        if tenant.max_tokens is not None and not self.embeddings:
+            rewrite = bodies.cap_max_tokens(payload, tenant.max_tokens) or rewrite
+        if rewrite:
+            raw = bodies.dump(payload)
+        stream = payload.get("stream") is True and not self.embeddings
+
+        async with ClientWatch(receive) as watch:
+            if tenant.check_prompt_size:
+                # Re-read: the child may have restarted while the body was on its way.
+                await self._check_prompt_size(rt.ready_snapshot(), payload, ctx.request_id)
+            permit = await rt.admission.acquire(tenant.name)
+            exchange = _Exchange()
+            try:
+                ctx.queue_wait_s = permit.queue_wait_s
+                # The child may have restarted while we queued: never mix its old address and new secret.
+                snap = rt.ready_snapshot()
+                await self._forward(snap, raw, stream, send, watch, ctx, exchange)
+            finally:
+                permit.release(exchange.linger_s())
+
+    async def _forward(
+        self,
+        snap: UpstreamSnapshot,
+        raw: bytes,
+        stream: bool,
+        send: Send,
+        watch: ClientWatch,
+        ctx: RequestContext,
+        exchange: _Exchange,
+    ) -> None:
+        timeouts = self.rt.settings.timeouts
+        loop = asyncio.get_running_loop()
+        total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
+        first_at = loop.time() + timeouts.first_token_s
+        try:
+            async with asyncio.timeout_at(min(first_at, total_at) if stream else total_at) as deadline:
+                exchange.sent = True
+                try:
+                    response = await self.rt.upstream.open(snap, "POST", self.route, raw, ctx.request_id)
+                except UpstreamFailure:
+                    exchange.sent = False  # never reached the child, or the child hung up: no slot busy
+                    raise
+                try:
+                    if stream and response.status == 200:
+                        meter = StreamMeter()
+                        await self._relay_stream(
+                            response, send, watch, ctx, meter, deadline, total_at, exchange
+                        )
+                    else:
+                        await self._relay_whole(response, send, watch, ctx)
+                    exchange.finished = True
+                except UpstreamFailure:
+                    exchange.finished = True  # the child hung up: it holds no slot for us any more
+                    raise
+                finally:
+                    response.release()
+        except TimeoutError:
+            first_token = stream and ctx.ttft_s is None and first_at < total_at
+            phase, limit = (
+                ("first token", timeouts.first_token_s) if first_token else ("total", timeouts.total_s)
+            )
+            error = UpstreamTimeout(f"llama-server exceeded the {phase} deadline of {limit:g} s")
+            if not ctx.response_started:
+                raise error from None
+            await self._end_stream_with(error, send, watch, ctx)
+
+    async def _relay_stream(
+        self,
+        response: UpstreamResponse,
+        send: Send,
+        watch: ClientWatch,
+        ctx: RequestContext,
+        meter: StreamMeter,
+        deadline: asyncio.Timeout,
+        total_at: float,
+        exchange: _Exchange,
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        send = ctx.raw_send or send  # headers are out: body chunks go straight to the server
+        clock = time.monotonic
+        try:
+            while (chunk := await response.next_chunk()) is not None:
+                if meter.feed(chunk, clock()):
+                    ctx.ttft_s = meter.ttft_from(ctx.started)
+                    deadline.reschedule(total_at)  # first token in: only the total deadline is left
+                if response.at_end:
+                    # The child's last chunk ([DONE]) and its end arrived together: one write, not two.
+                    exchange.finished = watch.complete = True
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            exchange.finished = True
+        except UpstreamClosed:
+            exchange.finished = True  # the child ended it
+            error = UpstreamFailure("llama-server closed the stream before it was complete")
+            await self._end_stream_with(error, send, watch, ctx)
+            return
+        finally:
+            ctx.tokens = meter.tokens
+            ctx.tpot_s = exchange.tpot_s = meter.tpot()
+        watch.complete = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay_whole(
+        self, response: UpstreamResponse, send: Send, watch: ClientWatch, ctx: RequestContext
+    ) -> None:
+        try:
+            content = await response.read()
+        except UpstreamClosed:
+            raise UpstreamFailure(
+                "llama-server closed the connection before the answer was complete"
+            ) from None
+        if response.status == 200:
+            ctx.tokens = count_tokens_in_body(content)
+        else:
+            ctx.outcome = "upstream_error"
+        headers = [
+            (b"content-type", response.content_type or b"application/json"),
+            (b"content-length", b"%d" % len(content)),
+        ]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        watch.complete = True
+        await send({"type": "http.response.body", "body": content, "more_body": False})
+
+    @staticmethod
+    async def _end_stream_with(
+        error: UpstreamFailure, send: Send, watch: ClientWatch, ctx: RequestContext
+    ) -> None:
+        """llama-server's own convention for an error after the 200: one error event, no ``[DONE]``."""
+        ctx.outcome = error.outcome
+        watch.complete = True
+        await send({"type": "http.response.body", "body": error.sse_event(), "more_body": False})
+
+    async def _check_prompt_size(
+        self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
+    ) -> None:
+        n_tokens = await count_prompt_tokens(self.rt, snap, self.route, payload, request_id)
+        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
+        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
+            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+
+async def count_prompt_tokens(
+    rt: ProxyRuntime, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
+) -> int | None:
+    """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
+    (then the child decides, as it would without the check)."""
+    if route == "/v1/chat/completions":
+        answer = await _ask(rt, snap, "/v1/chat/completions/input_tokens", bodies.dump(payload), request_id)
+        count = answer.get("input_tokens") if answer else None
+        return count if isinstance(count, int) else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    prompts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    longest: int | None = None
+    for text in prompts:
+        if not isinstance(text, str):
+            return None
+        answer = await _ask(
+            rt, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
+        )
+        tokens = answer.get("tokens") if answer else None
+        if not isinstance(tokens, list):
+            return None
+        longest = max(longest or 0, len(tokens))
+    return longest
+
+
+async def _ask(
+    rt: ProxyRuntime, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
+) -> dict[str, Any]:
+    limit = rt.settings.timeouts.first_token_s
+    try:
+        async with asyncio.timeout(limit):
+            response = await rt.upstream.open(snap, "POST", path, raw, request_id)
+            try:
+                content = await response.read()
+            except UpstreamClosed:
+                raise UpstreamFailure(
+                    "llama-server closed the connection while counting the prompt's tokens"
+                ) from None
+            finally:
+                response.release()
+    except TimeoutError:
+        raise UpstreamTimeout(f"llama-server did not count the prompt's tokens within {limit:g} s") from None
+    if response.status != 200:
+        return {}
+    try:
+        answer = bodies.parse_object(content)
+    except Exception:
+        return {}
+    return answer

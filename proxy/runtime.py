@@ -1,0 +1,99 @@
+"""The proxy's live state, shared by every request and exposed to the daemon as ``app.state.runtime``.
+
+The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
+stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
+in-flight permits stay attached to the tenant state they came from), and ``in_flight`` / ``queued`` /
+``active``.
+"""
+
+from __future__ import annotations
+
+from proxy.admission import Admission
+from proxy.auth import KeyTable
+from proxy.errors import Forbidden, NotReady
+from proxy.idle import IdleWaiters
+from proxy.metrics import ProxyMetrics
+from proxy.readiness import UpstreamSnapshot, UpstreamSource
+from proxy.settings import ProxySettings, TenantSettings
+from proxy.upstream import Upstream
+
+
+class ProxyRuntime:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        source: UpstreamSource,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.source = source
+        self.metrics = metrics
+        self.admission = Admission(settings.tenants, capacity=0)
+        self.upstream = Upstream(settings.timeouts)
+        self._active = 0
+        self._idle = IdleWaiters()
+        self._apply(settings)
+
+    def _apply(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
+        self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
+
+    # --- daemon-facing -----------------------------------------------------------------------------------
+    def reload(self, settings: ProxySettings) -> None:
+        """Swap keys, tenants, limits and timeouts in. The listener address is not reloadable."""
+        self._apply(settings)
+        self.upstream.timeouts = settings.timeouts
+        self.admission.reconfigure(settings.tenants)
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight
+
+    @property
+    def queued(self) -> int:
+        return self.admission.queued
+
+    @property
+    def lingering(self) -> int:
+        """Slots still busy in the child after an abandoned request (see ``Admission``)."""
+        return self.admission.lingering
+
+    @property
+    def active(self) -> int:
+        """HTTP requests being handled right now, of any kind."""
+        return self._active
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no request is being handled; True if that happened within ``timeout_s``.
+        Admission of new work is stopped by the snapshot (``ready=False``), not here."""
+        if self._active == 0:
+            return True
+        return await self._idle.wait(timeout_s)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+    # --- request-facing ----------------------------------------------------------------------------------
+    def track_active(self, delta: int) -> None:
+        self._active += delta
+        if self._active == 0:
+            self._idle.wake()
+
+    def snapshot(self) -> UpstreamSnapshot:
+        """One consistent view of the child for this request; keeps the global gate equal to its slots."""
+        snap = self.source.snapshot()
+        if snap.slots != self.admission.capacity:
+            self.admission.set_capacity(snap.slots)
+        return snap
+
+    def ready_snapshot(self) -> UpstreamSnapshot:
+        snap = self.snapshot()
+        if not snap.ready or snap.base_url is None:
+            raise NotReady(f"llama-server is not ready ({snap.reason or snap.state})", snap.retry_after_s)
+        return snap
+
+    def tenant(self, name: str) -> TenantSettings:
+        settings = self.tenants.get(name)
+        if settings is None:
+            raise Forbidden(f"tenant '{name}' is not configured")
+        return settings

@@ -1,0 +1,83 @@
+"""Timing a stream on the way through without parsing it.
+
+The relay forwards raw upstream chunks untouched; this meter only looks at them. Parsing every event as
+JSON would cost more than the rest of the relay, so it works on bytes: llama-server writes compact JSON
+(no spaces after ``:``), one ``data: {...}\\n\\n`` event per token, then a last chunk with ``timings``, an
+optional usage chunk and ``data: [DONE]``.
+
+- time to first token: arrival of the first event carrying non-empty generated text
+  (``content``, ``reasoning_content`` for chat, ``text`` for completions); the role-only opening chunk
+  of a chat stream does not count.
+- tokens: the child's own count (``usage.completion_tokens`` or ``timings.predicted_n``) when it sends
+  one, else the number of events from the first token on.
+- time per output token: (last token arrival - first token arrival) / (tokens - 1).
+"""
+
+from __future__ import annotations
+
+import re
+
+_FIRST_TEXT = re.compile(rb'"(?:content|reasoning_content|text)":"[^"]')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+_PREDICTED_N = re.compile(rb'"predicted_n":(\d+)')
+
+
+class StreamMeter:
+    __slots__ = ("_tail", "counted", "first_at", "last_at", "reported")
+
+    def __init__(self) -> None:
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.counted = 0
+        self.reported: int | None = None
+        # End of the previous chunk: a usage/timings figure split across two reads is still found.
+        self._tail = b""
+
+    def feed(self, chunk: bytes, now: float) -> bool:
+        """Account for one chunk; True when it carried the first token."""
+        first = False
+        if self.first_at is None:
+            if _FIRST_TEXT.search(chunk) is None:
+                return False
+            self.first_at = now
+            first = True
+        if self._tail or b'"usage"' in chunk or b'"timings"' in chunk:
+            self._find_counts(self._tail + chunk)
+            if b'"choices":[]' in chunk:
+                return first  # the usage chunk carries no token
+        events = chunk.count(b"data: ")
+        if b"[DONE]" in chunk:
+            events -= 1
+        if events > 0:
+            self.counted += events
+            self.last_at = now
+        return first
+
+    def ttft_from(self, started: float) -> float | None:
+        return None if self.first_at is None else self.first_at - started
+
+    def _find_counts(self, text: bytes) -> None:
+        m = _COMPLETION_TOKENS.search(text) or _PREDICTED_N.search(text)
+        if m is not None:
+            self.reported = int(m.group(1))
+            self._tail = b""
+        elif not text.endswith(b"\n\n"):
+            self._tail = text[-256:]
+        else:
+            self._tail = b""
+
+    @property
+    def tokens(self) -> int:
+        return self.reported if self.reported is not None else self.counted
+
+    def tpot(self) -> float | None:
+        n = self.tokens
+        if self.first_at is None or self.last_at is None or n < 2:
+            return None
+        return (self.last_at - self.first_at) / (n - 1)
+
+
+def count_tokens_in_body(body: bytes) -> int:
+    """Generated tokens reported in a non-streamed answer (0 when absent)."""
+    m = _COMPLETION_TOKENS.search(body) or _PREDICTED_N.search(body)
+    return int(m.group(1)) if m else 0

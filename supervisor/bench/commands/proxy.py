@@ -1,0 +1,329 @@
+"""``llamagate bench proxy``: what the proxy costs, measured against the same upstream straight, in one run.
+
+Three processes, so the numbers are honest on a small host: the upstream (the fast fake llama-server, or
+the real one), the proxy alone (``supervisor.bench.proxy_server``, the daemon's app and uvicorn settings
+without the supervisor) and the load generator (this process, on a lean HTTP client). The proxy's CPU
+is read from its own process.
+
+Phases (targets from issue 4, for a 2-core host):
+  fake    added latency p50 at concurrency 1 (<= 1.5 ms), requests/s at concurrency 32 (>= 800),
+          proxy CPU per streamed SSE event (<= 0.05 ms)
+  model   time per output token with 4 concurrent streams, proxy / direct (within 3 %), and the
+          overload picture: 4 slots, 8 concurrent streams, first-token times straight vs through the gate
+
+Exit status 0 when every measured target holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.auth import new_key
+from supervisor.bench import proxycost as pc
+from supervisor.child import free_port
+from supervisor.errors import StartupError
+from supervisor.identity import host_identity
+
+TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
+TTFT_GATE_S = 1.5
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "proxy", help="proxy cost: added latency, requests/s, CPU per SSE event, TPOT"
+    )
+    parser.add_argument("--phases", default="fake,model", help="comma list of: fake, model (default both)")
+    parser.add_argument("--requests", type=int, default=3000, help="latency samples per side (default 3000)")
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="seconds of the throughput run (default 10)"
+    )
+    parser.add_argument("--concurrency", type=int, default=32, help="connections of the throughput run")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams of the SSE CPU run")
+    parser.add_argument("--events", type=int, default=1000, help="events per stream of the SSE CPU run")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the proxy's event loop"
+    )
+    parser.add_argument("--binary", type=Path, help="llama-server (default: built from the lock)")
+    parser.add_argument("--model", type=Path, help="GGUF model (default: the demo model)")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds for TPOT")
+    parser.add_argument("--out", type=Path, help="write the full results as JSON here")
+    parser.set_defaults(func=_run)
+
+
+# --- processes ---------------------------------------------------------------------------------------
+def _python(module: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the child prints its URL once it accepts connections
+        if not line.startswith("listening on "):
+            proc.kill()
+            proc.wait()
+            errors.seek(0)
+            raise StartupError(f"{module} did not start: {errors.read()[-2000:]}")
+    return proc, line.split()[-1]
+
+
+@contextmanager
+def _processes() -> Iterator[list[subprocess.Popen[Any]]]:
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        yield procs
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _proxy(
+    upstream: str, secret: str, key_id: str, digest: str, loop: str, **limits: int
+) -> tuple[subprocess.Popen[str], str]:
+    args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop]
+    for name, value in limits.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return _python("supervisor.bench.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
+
+
+def _llama_server(
+    binary: Path, model: Path, threads: int, slots: int, ctx: int, secret: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    argv = [str(binary), "-m", str(model), "-np", str(slots), "-c", str(slots * ctx), "--metrics"]
+    argv += ["--alias", "gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+    argv += ["-t", str(threads), "-ngl", "0"]
+    env = {"PATH": os.environ.get("PATH", ""), "LLAMA_API_KEY": secret, "HOME": os.environ.get("HOME", "/")}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StartupError(f"llama-server exited ({proc.returncode}) during startup")
+        try:
+            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise StartupError("llama-server not healthy within 300 s")
+
+
+# --- phases ------------------------------------------------------------------------------------------
+async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
+    secret = secrets.token_urlsafe(16)
+    key, entry = new_key("bench", frozenset({"inference"}))
+    fake, fake_url = _python("supervisor.bench.fake_llama", "--secret", secret, "--tokens", "16")
+    procs.append(fake)
+    proxy, proxy_url = _proxy(
+        fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256
+    )
+    procs.append(proxy)
+    direct_req = pc.chat_request(fake_url, secret, 16, False)
+    proxy_req = pc.chat_request(proxy_url, key, 16, False)
+    # Warm both paths, then alternate blocks so drift on a shared host hits both sides alike.
+    await pc.latencies(fake_url, direct_req, 200)
+    await pc.latencies(proxy_url, proxy_req, 200)
+    direct: list[float] = []
+    via: list[float] = []
+    block = max(50, args.requests // 10)
+    while len(via) < args.requests:
+        direct += await pc.latencies(fake_url, direct_req, block)
+        via += await pc.latencies(proxy_url, proxy_req, block)
+    d, p = pc.summary(direct), pc.summary(via)
+    cpu0 = pc.cpu_seconds(proxy.pid)
+    done, elapsed, failed = await pc.throughput(proxy_url, proxy_req, args.concurrency, args.duration)
+    cpu_per_request_ms = (pc.cpu_seconds(proxy.pid) - cpu0) / max(1, done) * 1000
+    d_done, d_elapsed, _ = await pc.throughput(
+        fake_url, direct_req, args.concurrency, min(args.duration, 3.0)
+    )
+    # Streams paced at 1 ms per token, so each event arrives in its own read, as from llama-server.
+    stream_req = pc.chat_request(proxy_url, key, args.events, True, fake_token_interval_ms=1)
+    cpu0 = pc.cpu_seconds(proxy.pid)
+    results = await pc.streams(proxy_url, stream_req, args.streams)
+    cpu = pc.cpu_seconds(proxy.pid) - cpu0
+    events = sum(r.chunks for r in results)
+    return {
+        "latency_direct_ms": {k: v * 1000 if k != "n" else v for k, v in d.items()},
+        "latency_proxy_ms": {k: v * 1000 if k != "n" else v for k, v in p.items()},
+        "added_p50_ms": (p["p50"] - d["p50"]) * 1000,
+        "added_p99_ms": (p["p99"] - d["p99"]) * 1000,
+        "rps_c32": done / elapsed,
+        "rps_c32_direct": d_done / d_elapsed,
+        "non_200": failed,
+        "cpu_ms_per_request": cpu_per_request_ms,
+        "sse_events": events,
+        "sse_tokens": sum(r.tokens for r in results),
+        "cpu_ms_per_event": cpu / max(1, events) * 1000,
+    }
+
+
+def _binary_and_model(args: argparse.Namespace) -> tuple[Path, Path]:
+    from supervisor.progress import ConsoleProgress
+
+    binary, model = args.binary, args.model
+    if binary is None:
+        from supervisor.build import ensure_binary
+        from supervisor.paths import default_lock_path
+
+        binary = ensure_binary(default_lock_path(), progress=ConsoleProgress()).path
+    if model is None:
+        from supervisor.artifacts import ensure_demo_model
+
+        model = ensure_demo_model(progress=ConsoleProgress())
+    return binary, model
+
+
+def _tpot_median(results: list[pc.StreamResult]) -> float:
+    values = [r.tpot_s for r in results if r.tpot_s is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def _overload(results: list[pc.StreamResult]) -> dict[str, Any]:
+    admitted = [r for r in results if r.status == 200]
+    ttfts = [r.ttft_s for r in admitted if r.ttft_s is not None]
+    refused = [r.latency_s for r in results if r.status == 429]
+    return {
+        "admitted": len(admitted),
+        "refused_429": len(refused),
+        "ttft_p50_s": pc.percentile(ttfts, 50),
+        "ttft_p95_s": pc.percentile(ttfts, 95),
+        "ttft_max_s": max(ttfts) if ttfts else float("nan"),
+        "met_gate": sum(t <= TTFT_GATE_S for t in ttfts),
+        "refusal_max_ms": max(refused) * 1000 if refused else None,
+    }
+
+
+async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
+    binary, model = _binary_and_model(args)
+    secret = secrets.token_urlsafe(16)
+    key, entry = new_key("bench", frozenset({"inference"}))
+    server, llama_url = _llama_server(binary, model, args.threads, 4, 2048, secret)
+    procs.append(server)
+    proxy, proxy_url = _proxy(
+        llama_url, secret, entry.key_id, entry.digest, args.loop, slots=4, max_concurrency=4, max_queue=0
+    )
+    procs.append(proxy)
+    direct_req = pc.chat_request(llama_url, secret, 128, True, ignore_eos=True)
+    proxy_req = pc.chat_request(proxy_url, key, 128, True, ignore_eos=True)
+    await pc.streams(llama_url, direct_req, 1)  # warm-up
+    direct: list[pc.StreamResult] = []
+    via: list[pc.StreamResult] = []
+    for _ in range(args.rounds):
+        direct += await pc.streams(llama_url, direct_req, 4)
+        via += await pc.streams(proxy_url, proxy_req, 4)
+    tpot_direct, tpot_proxy = _tpot_median(direct), _tpot_median(via)
+    single = await pc.streams(proxy_url, proxy_req, 1)
+    over_direct = await pc.streams(llama_url, direct_req, 8)
+    over_proxy = await pc.streams(proxy_url, proxy_req, 8)
+    from supervisor.artifacts import sha256_file
+    from supervisor.build import version_output
+
+    return {
+        "binary": str(binary),
+        "binary_sha256": sha256_file(binary),
+        "llama_server_version": version_output(binary).strip().splitlines()[:1],
+        "model": str(model),
+        "model_sha256": sha256_file(model),
+        "threads": args.threads,
+        "slots": 4,
+        "ctx_per_slot": 2048,
+        "tpot_direct_ms": tpot_direct * 1000,
+        "tpot_proxy_ms": tpot_proxy * 1000,
+        "tpot_ratio": tpot_proxy / tpot_direct,
+        "single_ttft_s": single[0].ttft_s,
+        "overload_direct": _overload(over_direct),
+        "overload_proxy": _overload(over_proxy),
+    }
+
+
+def _verdict(results: dict[str, Any]) -> list[str]:
+    lines = []
+    fake, model = results.get("fake"), results.get("model")
+    checks: list[tuple[str, float, float, bool]] = []
+    if fake:
+        checks += [
+            (
+                "added latency p50 (ms)",
+                fake["added_p50_ms"],
+                TARGETS["added_p50_ms"],
+                fake["added_p50_ms"] <= 1.5,
+            ),
+            ("requests/s at c32", fake["rps_c32"], TARGETS["rps_c32"], fake["rps_c32"] >= 800),
+            (
+                "proxy CPU per SSE event (ms)",
+                fake["cpu_ms_per_event"],
+                0.05,
+                fake["cpu_ms_per_event"] <= 0.05,
+            ),
+        ]
+    if model:
+        checks.append(("TPOT proxy/direct", model["tpot_ratio"], 1.03, model["tpot_ratio"] <= 1.03))
+    for name, value, target, ok in checks:
+        lines.append(f"{'PASS' if ok else 'FAIL'}  {name}: {value:.3f} (target {target})")
+    return lines
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def _run(args: argparse.Namespace) -> int:
+    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    results: dict[str, Any] = {
+        "command": " ".join(["llamagate", "bench", "proxy", *sys.argv[3:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": host_identity(),
+        "proxy_loop": args.loop,
+        "llamagate_commit": _commit(),
+    }
+    with _processes() as procs:
+        if "fake" in phases:
+            print("phase fake: added latency, requests/s, CPU per SSE event ...", flush=True)
+            results["fake"] = asyncio.run(_fake_phase(args, procs))
+        if "model" in phases:
+            print("phase model: TPOT through the proxy vs direct, overload ...", flush=True)
+            results["model"] = asyncio.run(_model_phase(args, procs))
+    print(json.dumps(results, indent=2, default=str))
+    verdict = _verdict(results)
+    print("\n".join(verdict))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0 if all(line.startswith("PASS") for line in verdict) else 1

@@ -1,0 +1,301 @@
+"""Admission and streaming faults through the real daemon and the real child: limits hold, overload is
+refused quickly while admitted requests keep their first-token time, disconnects free slots, and a child
+killed mid-stream ends the client's stream with an error instead of a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from proxy.auth import new_key
+from tests.integration.conftest import Daemon, DaemonFactory, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "gemma-3-270m"
+
+
+def chat(
+    max_tokens: int, stream: bool = True, content: str = "Write a long story about a lighthouse."
+) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        # The demo model may stop early; these keep it generating the whole budget.
+        "ignore_eos": True,
+    }
+
+
+@dataclass
+class Outcome:
+    status: int
+    started: float
+    ended: float = 0.0
+    ttft: float | None = None
+    events: int = 0
+    error_event: bool = False
+    retry_after: str | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+async def stream_one(
+    client: httpx.AsyncClient, key: str, body: dict[str, object], progress: asyncio.Event | None = None
+) -> Outcome:
+    out = Outcome(0, time.monotonic())
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
+        out.status = r.status_code
+        out.retry_after = r.headers.get("retry-after")
+        if r.status_code == 200:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    break
+                event = json.loads(line[6:])
+                if "error" in event:
+                    out.error_event = True
+                    break
+                delta = event["choices"][0].get("delta", {}) if event["choices"] else {}
+                if delta.get("content") and out.ttft is None:
+                    out.ttft = time.monotonic() - out.started
+                out.events += 1
+                if progress is not None and out.events >= 3:
+                    progress.set()
+        else:
+            await r.aread()
+    out.ended = time.monotonic()
+    return out
+
+
+def busy_slots(d: Daemon) -> int:
+    r = httpx.get(
+        f"{d.base_url}/slots", headers={"Authorization": f"Bearer {d.admin_key}"}, timeout=10, trust_env=False
+    )
+    r.raise_for_status()
+    return sum(1 for s in r.json() if s.get("is_processing"))
+
+
+def gauges(d: Daemon) -> dict[str, float]:
+    text = httpx.get(
+        f"{d.base_url}/metrics",
+        headers={"Authorization": f"Bearer {d.admin_key}"},
+        timeout=10,
+        trust_env=False,
+    ).text
+    return {
+        name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+        for name in ("llamagate_in_flight_requests", "llamagate_queued_requests")
+    }
+
+
+async def watch_slots(d: Daemon, stop: asyncio.Event) -> int:
+    """Highest number of busy child slots seen while ``stop`` is not set (polled through /slots)."""
+    seen = 0
+    async with httpx.AsyncClient(base_url=d.base_url, timeout=10, trust_env=False) as c:
+        while not stop.is_set():
+            r = await c.get("/slots", headers={"Authorization": f"Bearer {d.admin_key}"})
+            seen = max(seen, sum(1 for s in r.json() if s.get("is_processing")))
+            await asyncio.sleep(0.02)
+    return seen
+
+
+def assert_idle_afterwards(d: Daemon) -> None:
+    wait_until(lambda: busy_slots(d) == 0, "all child slots idle", timeout=30)
+    wait_until(
+        lambda: gauges(d) == {"llamagate_in_flight_requests": 0.0, "llamagate_queued_requests": 0.0},
+        "gauges at 0",
+    )
+
+
+def test_tenant_limit_holds_and_overflow_is_refused_fast(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(
+        {
+            "llama": {"slots": 4, "ctx_per_slot": 2048},
+            "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 2, "queue_timeout_s": 120}],
+        }
+    )
+
+    async def run() -> tuple[list[Outcome], int]:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch_slots(d, stop))
+        async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
+            results = await asyncio.gather(*(stream_one(c, d.inference_key, chat(48)) for _ in range(6)))
+        stop.set()
+        return list(results), await watcher
+
+    results, max_busy = asyncio.run(run())
+    ok = [r for r in results if r.status == 200]
+    refused = [r for r in results if r.status == 429]
+    assert len(ok) == 4 and len(refused) == 2, [r.status for r in results]
+    assert max_busy <= 2  # the child never saw more than the tenant's 2 at once
+    first_token = min(r.ttft for r in ok if r.ttft is not None)
+    for r in refused:
+        # Refused well before even the quickest admitted request produced its first token.
+        assert r.ended - r.started < first_token
+        assert r.retry_after is not None and int(r.retry_after) >= 1
+    assert all(r.events >= 48 for r in ok)
+    assert_idle_afterwards(d)
+
+
+def test_two_tenants_hammering_both_progress(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(
+        {
+            "llama": {"slots": 2, "ctx_per_slot": 2048},
+            "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 20, "queue_timeout_s": 300}],
+        }
+    )
+    other_key, other = new_key("other", frozenset({"inference"}))
+    d.write_config(
+        {
+            "tenants": [
+                {"name": "default", "max_concurrency": 2, "max_queue": 20, "queue_timeout_s": 300},
+                {"name": "other", "max_concurrency": 2, "max_queue": 20, "queue_timeout_s": 300},
+            ],
+            "keys": [
+                *d.config["keys"],
+                {"id": other.key_id, "digest": other.digest, "tenant": "other", "scopes": ["inference"]},
+            ],
+        }
+    )
+    d.signal(signal.SIGHUP)
+    models = f"{d.base_url}/v1/models"
+    wait_until(
+        lambda: (
+            httpx.get(models, headers={"Authorization": f"Bearer {other_key}"}, trust_env=False).status_code
+            == 200
+        ),
+        "the reloaded key",
+    )
+
+    async def run() -> dict[str, list[float]]:
+        done: dict[str, list[float]] = {"default": [], "other": []}
+        deadline = time.monotonic() + 300
+
+        async def hammer(name: str, key: str, n: int) -> None:
+            async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
+                for _ in range(n):
+                    r = await stream_one(c, key, chat(16))
+                    assert r.status == 200
+                    done[name].append(time.monotonic())
+                    assert time.monotonic() < deadline
+
+        await asyncio.gather(
+            *(hammer("default", d.inference_key, 4) for _ in range(6)), hammer("other", other_key, 4)
+        )
+        return done
+
+    done = asyncio.run(run())
+    # One client of "other" against six of "default" on two slots: with turns, it finishes first.
+    assert len(done["other"]) == 4 and len(done["default"]) == 24
+    assert max(done["other"]) < max(done["default"])
+    assert_idle_afterwards(d)
+
+
+def test_overload_admitted_keep_first_token_time_rest_refused_quickly(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(
+        {
+            "llama": {"slots": 4, "ctx_per_slot": 2048},
+            "tenants": [{"name": "default", "max_concurrency": 4, "max_queue": 0}],
+        }
+    )
+
+    async def run() -> tuple[Outcome, list[Outcome]]:
+        async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
+            baseline = await stream_one(c, d.inference_key, chat(128))
+            results = await asyncio.gather(*(stream_one(c, d.inference_key, chat(128)) for _ in range(8)))
+        return baseline, list(results)
+
+    baseline, results = asyncio.run(run())
+    assert baseline.status == 200 and baseline.ttft is not None
+    ok = [r for r in results if r.status == 200]
+    refused = [r for r in results if r.status == 429]
+    assert len(ok) == 4 and len(refused) == 4, [r.status for r in results]
+    fastest = min(r.ttft for r in ok if r.ttft is not None)
+    for r in ok:
+        assert r.ttft is not None and r.events >= 128
+        # Four prompts share the child's batch; none waits behind another request's generation
+        # (which would cost a whole 128-token stream: many times the single-request first token).
+        assert r.ttft < 4 * baseline.ttft + 0.5, (r.ttft, baseline.ttft)
+    for r in refused:
+        assert r.ended - r.started < fastest
+        assert r.retry_after is not None
+    assert_idle_afterwards(d)
+
+
+def test_disconnect_mid_stream_frees_the_slot(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory({"llama": {"slots": 2, "ctx_per_slot": 4096}})
+
+    async def run() -> tuple[float, float]:
+        auth = {"Authorization": f"Bearer {d.inference_key}"}
+        arrivals: list[float] = []
+        async with (
+            httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c,
+            c.stream("POST", "/v1/chat/completions", json=chat(3000), headers=auth) as r,
+        ):
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    arrivals.append(time.monotonic())
+                if len(arrivals) >= 8:
+                    break
+            assert busy_slots(d) == 1
+        per_token = (arrivals[-1] - arrivals[2]) / (len(arrivals) - 3)
+        return time.monotonic(), per_token
+
+    left_at, per_token = asyncio.run(run())
+    wait_until(lambda: busy_slots(d) == 0, "the slot freed after the client left", timeout=60)
+    freed_after = time.monotonic() - left_at
+    # llama-server notices at its next token (or its 1 s poll) and frees the slot: about a second on a
+    # quiet host. The bound scales with the child's own pace on a loaded one; a request that was not
+    # cancelled would hold the slot for ~3000 tokens.
+    assert freed_after < 2.0 + 10 * per_token, (freed_after, per_token)
+    access = [
+        r
+        for r in d.log_records()
+        if r.get("logger") == "llamagate.access" and r.get("outcome") == "client_gone"
+    ]
+    assert access, "the access log records the client leaving"
+    assert_idle_afterwards(d)
+
+
+def test_child_killed_mid_stream_ends_the_stream_with_an_error(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory({"llama": {"slots": 2, "ctx_per_slot": 4096}})
+    child = d.child_pid
+    assert child is not None
+
+    async def run() -> tuple[Outcome, float]:
+        async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
+            streaming = asyncio.Event()
+            task = asyncio.create_task(stream_one(c, d.inference_key, chat(3000), streaming))
+            async with asyncio.timeout(120):
+                await streaming.wait()  # a few tokens out
+            killed_at = time.monotonic()
+            os.kill(child, signal.SIGKILL)
+            async with asyncio.timeout(30):  # never a hang
+                out = await task
+            return out, out.ended - killed_at
+
+    out, ended_after = asyncio.run(run())
+    assert out.status == 200 and out.events >= 3
+    assert out.error_event, "the stream ends with an error event, not a silent cut"
+    assert ended_after < 5.0
+    d.wait_ready()  # the supervisor brings a new child up; the proxy follows its new port and secret
+    r = httpx.post(
+        f"{d.base_url}/v1/chat/completions",
+        json=chat(2, stream=False),
+        headers={"Authorization": f"Bearer {d.inference_key}"},
+        timeout=120,
+        trust_env=False,
+    )
+    assert r.status_code == 200

@@ -1,0 +1,95 @@
+"""A proxy on a real uvicorn port in front of the fake llama-server, built per test."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from proxy.app import create_app
+from proxy.auth import new_key
+from proxy.runtime import ProxyRuntime
+from proxy.settings import KeyEntry, ProxySettings, TenantSettings, Timeouts
+from tests.fakes.fake_upstream import FakeLlama, StaticSource, serve, snapshot_for
+
+SECRET = "per-boot-secret-xyz"
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect after each test, so a socket left open is reported against the test that leaked it."""
+    yield
+    gc.collect()
+
+
+@dataclass
+class Proxy:
+    app: Starlette
+    url: str
+    source: StaticSource
+    fake: FakeLlama
+    keys: dict[str, str]  # name -> plaintext key
+    entries: dict[str, KeyEntry]
+    settings: ProxySettings
+
+    @property
+    def runtime(self) -> ProxyRuntime:
+        rt = self.app.state.runtime
+        assert isinstance(rt, ProxyRuntime)
+        return rt
+
+    def client(self, key: str | None = "user", **kw: object) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {self.keys[key]}"} if key else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
+
+
+def default_settings(entries: dict[str, KeyEntry], **changes: object) -> ProxySettings:
+    settings = ProxySettings(
+        tenants=(
+            TenantSettings("team", max_concurrency=4, max_queue=8, queue_timeout_s=10),
+            TenantSettings("other", max_concurrency=4, max_queue=8, queue_timeout_s=10),
+            TenantSettings("ops", max_concurrency=4, max_queue=8, queue_timeout_s=10),
+        ),
+        keys=tuple(entries.values()),
+        model_aliases=("gpt-4o-mini",),
+        max_body_bytes=64 * 1024,
+        timeouts=Timeouts(connect_s=2, first_token_s=30, total_s=60),
+    )
+    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def proxy_factory() -> ProxyFactory:
+    @asynccontextmanager
+    async def make(
+        fake: FakeLlama | None = None, snapshot: dict[str, object] | None = None, **changes: object
+    ) -> AsyncIterator[Proxy]:
+        fake = fake or FakeLlama(secret=SECRET, tokens=4)
+        if not fake.port:
+            await fake.start()
+        keys: dict[str, str] = {}
+        entries: dict[str, KeyEntry] = {}
+        for name, tenant, scopes in (
+            ("user", "team", {"inference"}),
+            ("other", "other", {"inference"}),
+            ("admin", "ops", {"inference", "admin"}),
+            ("admin_only", "ops", {"admin"}),
+        ):
+            keys[name], entries[name] = new_key(tenant, frozenset(scopes))  # type: ignore[arg-type]
+        settings = default_settings(entries, **changes)
+        source = StaticSource(snapshot_for(fake.base_url, SECRET, **(snapshot or {})))
+        app = create_app(settings, source)
+        async with serve(app) as url:
+            yield Proxy(app, url, source, fake, keys, entries, settings)
+        await fake.stop()
+
+    return make
