@@ -1,0 +1,109 @@
+"""The complete ``/metrics`` exposition of a daemon, built from the real parts without a child process:
+the proxy app (real ``create_app``), llama-server's series from the captured exposition (MockTransport),
+and the supervisor's collector over a READY state machine with a live process standing in for the child.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.app import create_app
+from proxy.auth import new_key
+from proxy.llama_metrics import LlamaServerMetrics
+from proxy.readiness import UpstreamSnapshot
+from proxy.settings import ProxySettings, TenantSettings
+from supervisor.metrics_collector import SupervisorCollector
+from supervisor.process import GatePassed, Machine, Start
+from supervisor.restart import Policy
+
+CAPTURED = (Path(__file__).parent.parent / "unit" / "fixtures" / "llama_server_metrics.txt").read_text()
+SNAPSHOT = UpstreamSnapshot(
+    state="READY",
+    ready=True,
+    reason=None,
+    base_url="http://127.0.0.1:9",
+    secret="boot-secret",
+    model_alias="gemma-3-270m",
+    slots=2,
+    ctx_per_slot=4096,
+    generation=1,
+    retry_after_s=0.0,
+)
+
+
+class FakeDriver:
+    """The driver's read side (``SupervisorView`` and ``UpstreamSource``) with this process as the child."""
+
+    def __init__(self) -> None:
+        self.machine = Machine(Policy())
+        self.machine.step(Start(), 0.0)
+        self.machine.step(GatePassed(1), 1.0)
+        self.child_pid: int | None = os.getpid()
+        self.load_seconds: float | None = 1.0
+        self.ready_since: float | None = 1.0
+        self.budget: Mapping[str, object] | None = {
+            "weights_bytes": 246_415_360,
+            "kv_bytes": 56_623_104,
+            "runtime_bytes": 146_800_640,
+            "headroom_bytes": 1 << 30,
+        }
+
+    def child_rss_bytes(self) -> int | None:
+        return 1 << 28
+
+    def child_cpu_seconds(self) -> float | None:
+        return 1.5
+
+    def snapshot(self) -> UpstreamSnapshot:
+        return SNAPSHOT
+
+    def identity(self) -> Mapping[str, object]:
+        return {"model": {"alias": "gemma-3-270m"}, "serving": {"slots": 2, "ctx_per_slot": 4096}}
+
+
+def _llama_server(request: httpx.Request) -> httpx.Response:
+    assert request.url.path == "/metrics"
+    return httpx.Response(200, text=CAPTURED)
+
+
+async def full_exposition() -> str:
+    driver = FakeDriver()
+    admin_key, admin = new_key("ops", frozenset({"admin", "inference"}))
+    llama = LlamaServerMetrics(driver.snapshot, "gate:8080", transport=httpx.MockTransport(_llama_server))
+    app = create_app(
+        ProxySettings(tenants=(TenantSettings("ops"),), keys=(admin,)),
+        driver,
+        extra_collectors=[SupervisorCollector(driver, clock=lambda: 2.0), llama],
+    )
+    headers = {"authorization": f"Bearer {admin_key}"}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gate") as client:
+            # A refused request and a first scrape fill the request and rejection families.
+            await client.post("/v1/chat/completions", json={})
+            await client.get("/metrics", headers=headers)
+            response = await client.get("/metrics", headers=headers)
+            response.raise_for_status()
+            return response.text
+    finally:
+        await llama.aclose()
+        await app.state.runtime.aclose()
+
+
+def exported_series(exposition: str) -> dict[str, set[str] | None]:
+    """Every series name a query may use (histograms: ``_bucket``, ``_count``, ``_sum``), with its label
+    names, or None where the family has no sample yet (a labelled family before its first observation
+    has only its HELP and TYPE lines, so its labels cannot be read)."""
+    out: dict[str, set[str] | None] = {}
+    for family in text_string_to_metric_families(exposition):
+        suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",)}.get(
+            family.type, ("",)
+        )
+        labels = {label for sample in family.samples for label in sample.labels} if family.samples else None
+        for suffix in suffixes:
+            out[family.name + suffix] = labels
+    return out
