@@ -1,0 +1,240 @@
+"""Experiments that explain the envelope, each a series of runs on the same harness:
+
+- ``threads``: restart llama-server at each thread count; decode and prompt rates (llama-server's own
+  timings) and TPOT, beside llama.cpp's ``llama-bench`` when available. Decode is memory-bandwidth
+  bound: past a few threads more cores stop helping.
+- ``cache-prompt``: the same shared-prefix workload with ``cache_prompt`` on and off (a request field,
+  so any URL works); TTFT and the prompt tokens actually processed.
+- ``slots``: slots x context per slot at equal total memory; each point at concurrency = slots, with
+  the KV budget and the measured RSS: memory traded against concurrency.
+- ``models``: several model files (quantizations): size, RSS, latency and an optional quality-set pass
+  rate, to pick the smallest model that passes both the quality and the latency gates.
+
+Each point that launches a server starts it from the config (``launcher.start_llama_server``), measures,
+and stops it before the next point, so points never share the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from supervisor.bench import quality as quality_mod
+from supervisor.bench.client import Target
+from supervisor.bench.launcher import deep_merge, start_llama_server
+from supervisor.bench.loadgen import LoadSpec
+from supervisor.bench.prompts import PromptSet
+from supervisor.bench.records import RequestRecord
+from supervisor.bench.runner import RequestOptions, RunSpec, run_async
+from supervisor.bench.stats import Gates
+from supervisor.bench.summary import Summary
+from supervisor.progress import NullProgress, Progress
+
+
+@dataclass(frozen=True)
+class Workload:
+    load: LoadSpec
+    prompts: PromptSet
+    options: RequestOptions
+    gates: Gates
+
+
+@dataclass
+class PointResult:
+    label: str
+    settings: dict[str, Any]
+    summary: Summary
+    folder: Path
+    prompt_tps: float | None = None
+    decode_tps: float | None = None
+    rss_loaded: int | None = None
+    rss_after: int | None = None
+    budget: dict[str, Any] | None = None
+    identity: dict[str, Any] | None = None
+    quality: quality_mod.QualityResult | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    points: list[PointResult]
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def server_rates(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
+    """Median prompt and decode tokens/s per request, from llama-server's own timings."""
+    prompt, decode = [], []
+    for r in records:
+        if not r.completed or r.warmup or r.server is None:
+            continue
+        s = r.server
+        if s.prompt_n and s.prompt_ms:
+            prompt.append(s.prompt_n * 1000.0 / s.prompt_ms)
+        if s.predicted_n and s.predicted_ms:
+            decode.append(s.predicted_n * 1000.0 / s.predicted_ms)
+    return (statistics.median(prompt) if prompt else None, statistics.median(decode) if decode else None)
+
+
+def _run(
+    target: Target,
+    workload: Workload,
+    folder: Path,
+    progress: Progress,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> tuple[Summary, list[RequestRecord]]:
+    spec = RunSpec(target, workload.load, workload.prompts, workload.options, workload.gates)
+    result = asyncio.run(run_async(spec, folder, progress, transport))
+    return result.summary, result.records
+
+
+def measure_launched(
+    label: str,
+    settings: dict[str, Any],
+    config: Mapping[str, Any],
+    workload: Workload,
+    folder: Path,
+    progress: Progress,
+    quality_items: Sequence[quality_mod.Item] | None = None,
+) -> PointResult:
+    launched, prepared = start_llama_server(config, folder / "server", progress=progress)
+    try:
+        rss_loaded = launched.rss_bytes()
+        summary, records = _run(launched.target, workload, folder / "run", progress)
+        rss_after = launched.rss_bytes()
+        quality = None
+        if quality_items:
+            quality = quality_mod.evaluate(launched.target, prepared.spec.alias, quality_items)
+    finally:
+        launched.stop()
+    prompt_tps, decode_tps = server_rates(records)
+    return PointResult(
+        label,
+        settings,
+        summary,
+        folder,
+        prompt_tps,
+        decode_tps,
+        rss_loaded,
+        rss_after,
+        prepared.budget.as_dict(),
+        prepared.identity,
+        quality,
+    )
+
+
+def threads(
+    base: Mapping[str, Any],
+    counts: Sequence[int],
+    workload: Workload,
+    out: Path,
+    progress: Progress | None = None,
+    llama_bench: Callable[[Path, Sequence[int]], list[Any]] | None = None,
+) -> ExperimentResult:
+    progress = progress or NullProgress()
+    points = []
+    for t in counts:
+        config = deep_merge(base, {"llama": {"threads": t, "threads_batch": t}})
+        points.append(measure_launched(f"t={t}", {"threads": t}, config, workload, out / f"t{t}", progress))
+    result = ExperimentResult("threads", points)
+    identity = (points[0].identity or {}) if points else {}
+    model = identity.get("model")
+    if llama_bench is not None and isinstance(model, dict):
+        # Same model file, same thread counts, llama.cpp's own measurement loop, no HTTP.
+        result.extra["llama_bench"] = [r.__dict__ for r in llama_bench(Path(str(model["path"])), counts)]
+    return result
+
+
+def cache_prompt(
+    target: Target,
+    workload: Workload,
+    out: Path,
+    progress: Progress | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> ExperimentResult:
+    progress = progress or NullProgress()
+    points = []
+    for on in (True, False):
+        options = RequestOptions(
+            **{**workload.options.__dict__, "extra_body": {**workload.options.extra_body, "cache_prompt": on}}
+        )
+        wl = Workload(workload.load, workload.prompts, options, workload.gates)
+        label = "cache_prompt=on" if on else "cache_prompt=off"
+        folder = out / label.replace("=", "-")
+        summary, records = _run(target, wl, folder, progress, transport)
+        prompt_tps, decode_tps = server_rates(records)
+        processed = [
+            r.server.prompt_n for r in records if r.server and r.server.prompt_n is not None and not r.warmup
+        ]
+        cached = [
+            r.server.cache_n for r in records if r.server and r.server.cache_n is not None and not r.warmup
+        ]
+        point = PointResult(label, {"cache_prompt": on}, summary, folder, prompt_tps, decode_tps)
+        point.extra = {
+            "prompt_tokens_processed_median": statistics.median(processed) if processed else None,
+            "prompt_tokens_cached_median": statistics.median(cached) if cached else None,
+        }
+        points.append(point)
+    return ExperimentResult("cache-prompt", points)
+
+
+def slots(
+    base: Mapping[str, Any],
+    grid: Sequence[tuple[int, int]],
+    workload_for: Callable[[int], Workload],
+    out: Path,
+    progress: Progress | None = None,
+) -> ExperimentResult:
+    progress = progress or NullProgress()
+    points = []
+    for n, ctx in grid:
+        config = deep_merge(base, {"llama": {"slots": n, "ctx_per_slot": ctx}})
+        label = f"{n}x{ctx}"
+        wl = workload_for(n)
+        settings = {"slots": n, "ctx_per_slot": ctx, "concurrency": wl.load.value}
+        points.append(measure_launched(label, settings, config, wl, out / label, progress))
+    return ExperimentResult("slots", points)
+
+
+def models(
+    base: Mapping[str, Any],
+    files: Sequence[tuple[Path, str]],
+    workload: Workload,
+    out: Path,
+    progress: Progress | None = None,
+    quality_items: Sequence[quality_mod.Item] | None = None,
+    min_pass_rate: float = 1.0,
+) -> ExperimentResult:
+    progress = progress or NullProgress()
+    points = []
+    for i, (path, sha) in enumerate(files):
+        config = deep_merge(base, {"llama": {"model": {"path": str(path), "sha256": sha}}})
+        label = path.name
+        point = measure_launched(
+            label,
+            {"model": str(path)},
+            config,
+            workload,
+            out / f"{i:02d}-{path.stem}",
+            progress,
+            quality_items,
+        )
+        point.extra["file_bytes"] = path.stat().st_size
+        points.append(point)
+    result = ExperimentResult("models", points)
+
+    def passes(p: PointResult) -> bool:
+        q_ok = p.quality is None or (p.quality.rate is not None and p.quality.rate >= min_pass_rate)
+        return p.summary.verdict.passed and q_ok
+
+    passing = sorted((p for p in points if passes(p)), key=lambda p: p.extra["file_bytes"])
+    result.extra["smallest_passing"] = passing[0].label if passing else None
+    result.extra["min_pass_rate"] = min_pass_rate
+    return result
