@@ -269,7 +269,6 @@ SERIES = [
 
 
 def test_chart_renders_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     path = chart.render(SERIES, ["c=1", "c=2"], 1500, 120, 95, tmp_path / "c.png", "title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
