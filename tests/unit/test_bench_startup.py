@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.bench.commands.startup import _markdown, _summarize
+import yaml
+
+from supervisor.bench.commands.startup import _Daemon, _markdown, _summarize
+from supervisor.config import load_config
 from supervisor.identity import host_identity, served_identity
 
 IDENTITY = served_identity(
@@ -36,3 +39,11 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     assert not slow["targets"]["kill_to_ready"]["pass"]
     text = _markdown(slow)
     assert "**FAIL**" in text and "a" * 64 in text and "b" * 64 in text
+
+
+def test_kill_daemon_allows_every_deliberate_kill(tmp_path: Path) -> None:
+    """Ten kills in a row must not read as a crash loop (FAILED after max_restarts in the window)."""
+    daemon = _Daemon(load_config(None), tmp_path, kills=10)
+    written = yaml.safe_load(daemon.config_path.read_text())
+    assert written["supervision"]["max_restarts"] >= 11
+    assert written["supervision"]["stable_after_s"] == 1.0

@@ -103,7 +103,7 @@ class _Daemon:
     the moment the daemon logs it (the same instant /readyz turns 200), with no polling load on the
     2 cores the child is loading on."""
 
-    def __init__(self, cfg: Config, folder: Path) -> None:
+    def __init__(self, cfg: Config, folder: Path, kills: int = 0) -> None:
         self.port = free_port()
         self.admin_key, entry = new_key(cfg.tenants[0].name, frozenset({"inference", "admin"}))
         raw = config_to_dict(cfg)
@@ -118,6 +118,8 @@ class _Daemon:
         ]
         # READY for 1 s counts as stable, so every kill below meets the first (shortest) backoff.
         raw["supervision"]["stable_after_s"] = 1.0
+        # Deliberate kills are not a crash loop: leave room for all of them within the restart window.
+        raw["supervision"]["max_restarts"] = max(raw["supervision"]["max_restarts"], kills + 1)
         raw["logging"] = {"format": "json", "level": "INFO", "access_log": False}
         folder.mkdir(parents=True, exist_ok=True)
         self.config_path = folder / "llamagate.yaml"
@@ -207,7 +209,7 @@ def _serve_once(cfg: Config, folder: Path) -> dict[str, float]:
 
 
 def _kill_runs(cfg: Config, folder: Path, runs: int) -> list[dict[str, float]]:
-    daemon = _Daemon(cfg, folder)
+    daemon = _Daemon(cfg, folder, kills=runs)
     daemon.start()
     out = []
     try:
