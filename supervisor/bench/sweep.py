@@ -74,6 +74,18 @@ class SweepResult:
     host_load: tuple[float | None, float | None, int | None] = (None, None, None)
 
 
+def host_load_note(before: float, after: float, cores: int | None) -> str:
+    """How quiet the host was. The "after" figure includes the benchmark's own servers and client, so
+    only the "before" figure can say that other work shared the host."""
+    note = (
+        f"Host load average (1 min): {before:g} before, {after:g} after, on {cores} cores "
+        "(the benchmark's own work is in the after figure)."
+    )
+    if cores and before >= cores / 2:
+        note += " The host was already busy before the run: other work shared it; read the latencies so."
+    return note
+
+
 def _loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -211,11 +223,7 @@ def markdown(result: SweepResult) -> str:
     ]
     before, after, cores = result.host_load
     if before is not None and after is not None:
-        lines += [
-            "",
-            f"Host load average (1 min): {before:g} before, {after:g} after, on {cores} cores "
-            "(the benchmark's own share included; far above the core count: other work shared the host).",
-        ]
+        lines += ["", host_load_note(before, after, cores)]
     for s in result.series:
         rows = [(load.label, sm) for load, sm, _ in s.points]
         if s.recovery is not None:

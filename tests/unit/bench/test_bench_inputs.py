@@ -18,6 +18,7 @@ from supervisor.bench.provenance import command_line, redact_argv
 from supervisor.bench.records import RequestRecord
 from supervisor.bench.stats import Gates
 from supervisor.bench.summary import summarize
+from supervisor.bench.sweep import host_load_note
 from supervisor.cli import build_parser, main
 from supervisor.errors import UsageError
 
@@ -287,3 +288,9 @@ def test_chart_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.MonkeyP
     with pytest.raises(chart.ChartUnavailable, match=r"pip install 'llamagate\[charts\]'"):
         chart.render(SERIES, ["c=1", "c=2"], 1500, 120, 95, tmp_path / "c.png", "t")
     assert not (tmp_path / "c.png").exists()
+
+
+def test_host_load_note_blames_other_work_only_when_the_host_was_busy_before() -> None:
+    quiet = host_load_note(0.7, 2.19, 2)
+    assert "0.7 before, 2.19 after, on 2 cores" in quiet and "other work" not in quiet
+    assert "other work shared it" in host_load_note(3.0, 5.0, 2)
