@@ -66,7 +66,11 @@ NAME = matches(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a name of letters, digits, '
 @dataclass(frozen=True)
 class TimeoutsConfig:
     connect_s: float = setting(5.0, "connect to llama-server", positive)
-    first_token_s: float = setting(120.0, "from forwarding a request to its first byte back", positive)
+    first_token_s: float = setting(
+        120.0,
+        "from admission to the first generated token of a stream (admin passthrough routes: to the answer)",
+        positive,
+    )
     total_s: float = setting(900.0, "whole request, streaming included", positive)
 
 

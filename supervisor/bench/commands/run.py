@@ -25,7 +25,11 @@ def add_load_options(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--concurrency", type=int, help="closed loop: this many users, back to back")
     how.add_argument("--rate", type=float, help="open loop: Poisson arrivals at this many requests/s")
     size = group.add_mutually_exclusive_group()
-    size.add_argument("--requests", type=int, help="measured requests (default 20 per user, min 20)")
+    size.add_argument(
+        "--requests",
+        type=int,
+        help="measured requests (default: 4 per user or 30 s of arrivals at --rate; at least 20)",
+    )
     size.add_argument("--duration", type=float, help="submit for this many seconds instead")
 
 
