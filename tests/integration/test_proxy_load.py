@@ -273,6 +273,7 @@ def test_child_killed_mid_stream_ends_the_stream_with_an_error(daemon_factory: D
     d = daemon_factory({"llama": {"slots": 2, "ctx_per_slot": 4096}})
     child = d.child_pid
     assert child is not None
+    generation = d.readyz()[1]["generation"]
 
     async def run() -> tuple[Outcome, float]:
         async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
@@ -290,7 +291,9 @@ def test_child_killed_mid_stream_ends_the_stream_with_an_error(daemon_factory: D
     assert out.status == 200 and out.events >= 3
     assert out.error_event, "the stream ends with an error event, not a silent cut"
     assert ended_after < 5.0
-    d.wait_ready()  # the supervisor brings a new child up; the proxy follows its new port and secret
+    # The supervisor brings a new child up; the proxy follows its new port and secret. Wait for the new
+    # generation: right after the stream broke, /readyz may still describe the dead child.
+    d.wait_for(lambda code, b: code == 200 and b["generation"] > generation, "READY with a new child")
     r = httpx.post(
         f"{d.base_url}/v1/chat/completions",
         json=chat(2, stream=False),
