@@ -82,7 +82,10 @@ def host_load_note(before: float, after: float, cores: int | None) -> str:
         "(the benchmark's own work is in the after figure)."
     )
     if cores and before >= cores / 2:
-        note += " The host was already busy before the run: other work shared it; read the latencies so."
+        note += (
+            " The host was already busy before the run: other work shared it,"
+            " so read the latencies with that in mind."
+        )
     return note
 
 
