@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,21 +20,10 @@ from proxy.llama_metrics import LlamaServerMetrics
 from proxy.metrics_listener import create_metrics_app
 from proxy.readiness import UpstreamSnapshot
 from proxy.settings import ProxySettings, TenantSettings
+from tests.helpers.exposition import CAPTURED
+from tests.helpers.exposition import SNAPSHOT as READY
 from tests.helpers.promtool import check_metrics
 
-CAPTURED = (Path(__file__).parent / "fixtures" / "llama_server_metrics.txt").read_text()
-READY = UpstreamSnapshot(
-    state="READY",
-    ready=True,
-    reason=None,
-    base_url="http://127.0.0.1:9",
-    secret="boot-secret",
-    model_alias="gemma-3-270m",
-    slots=2,
-    ctx_per_slot=4096,
-    generation=1,
-    retry_after_s=0.0,
-)
 ADMIN_KEY, ADMIN = new_key("ops", frozenset({"admin"}))
 USER_KEY, USER = new_key("default", frozenset({"inference"}))
 
