@@ -19,7 +19,6 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from proxy import body as bodies
-from proxy.auth import require
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
@@ -70,10 +69,7 @@ class Inference:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
-        ctx.route = self.route
-        principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
-        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-        require(principal, "inference")
+        principal = rt.authorize(ctx, self.route, "inference")
         tenant = rt.tenant(principal.tenant)
         snap = rt.ready_snapshot()
         if self.embeddings and not snap.embeddings:

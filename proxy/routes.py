@@ -15,7 +15,6 @@ from urllib.parse import quote
 from starlette.types import Receive, Scope, Send
 
 from proxy import body as bodies
-from proxy.auth import require
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
 from proxy.errors import NotReady, UpstreamFailure, UpstreamTimeout
@@ -101,10 +100,7 @@ class Passthrough:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
-        ctx.route = self.route
-        principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
-        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-        require(principal, self.scope_needed)
+        rt.authorize(ctx, self.route, self.scope_needed)
         snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
         if snap.base_url is None:
             raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
@@ -145,10 +141,7 @@ class Metrics:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        ctx.route = "/metrics"
-        principal = self.rt.keys.authenticate(ctx.authorization, ctx.client_host)
-        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-        require(principal, "admin")
+        self.rt.authorize(ctx, "/metrics", "admin")
         await send_bytes(send, 200, await self.rt.metrics.render_fresh(), CONTENT_TYPE.encode())
 
 
@@ -160,8 +153,5 @@ class Identity:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        ctx.route = "/admin/identity"
-        principal = self.rt.keys.authenticate(ctx.authorization, ctx.client_host)
-        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-        require(principal, "admin")
+        self.rt.authorize(ctx, "/admin/identity", "admin")
         await send_json(send, 200, dict(self.rt.source.identity()))

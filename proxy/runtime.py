@@ -9,12 +9,14 @@ in-flight permits stay attached to the tenant state they came from), and ``in_fl
 from __future__ import annotations
 
 from proxy.admission import Admission
-from proxy.auth import KeyTable
+from proxy.auth import KeyTable, Principal, require
+from proxy.context import RequestContext
 from proxy.errors import Forbidden, NotReady
 from proxy.idle import IdleWaiters
 from proxy.metrics import ProxyMetrics
 from proxy.readiness import UpstreamSnapshot, UpstreamSource
 from proxy.settings import ProxySettings, TenantSettings
+from proxy.settings import Scope as KeyScope
 from proxy.upstream import Upstream
 
 
@@ -78,6 +80,15 @@ class ProxyRuntime:
         self._active += delta
         if self._active == 0:
             self._idle.wake()
+
+    def authorize(self, ctx: RequestContext, route: str, scope: KeyScope) -> Principal:
+        """Who is calling, recorded on the request for the access log and metrics (even when refused),
+        and whether their key may use this route."""
+        ctx.route = route
+        principal = self.keys.authenticate(ctx.authorization, ctx.client_host)
+        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+        require(principal, scope)
+        return principal
 
     def snapshot(self) -> UpstreamSnapshot:
         """One consistent view of the child for this request; keeps the global gate equal to its slots."""
