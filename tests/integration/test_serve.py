@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import queue
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from supervisor.child import RealOs
+from supervisor.child import RealOs, free_port
 from supervisor.driver import ChildSupervisor
 from supervisor.gate import HttpProbes
 from supervisor.launch import LaunchSpec
@@ -352,3 +356,61 @@ def test_plan_prints_the_budget_and_the_argv(
     assert "-c 12288 -np 3" in plan.stdout and "--port <free port>" in plan.stdout
     assert "KV state (3 x 4096 tokens)" in plan.stdout and plan.stdout.rstrip().endswith("fits")
     assert "LLAMA_API_KEY" not in plan.stdout
+
+
+def test_serve_without_a_config_prints_a_key_and_a_call_that_works(
+    llama_server_binary: Path, demo_model: Path, tmp_path: Path
+) -> None:
+    """The README's first command: no config at all. The embedded default comes up, prints a fresh key
+    once on stdout (never in the log on stderr) and a curl line whose request, sent as printed, answers
+    within its max_tokens."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "LLAMAGATE_CONFIG"}
+    with (tmp_path / "log.txt").open("wb") as log_fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "serve", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=log_fh,
+            env=env,
+            cwd=tmp_path,
+        )
+    lines: queue.Queue[bytes] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True)
+    reader.start()
+    try:
+        printed: list[str] = []
+        deadline = time.monotonic() + 300
+        while not any("print(reply" in line for line in printed):
+            try:
+                printed.append(lines.get(timeout=max(0.0, deadline - time.monotonic())).decode())
+            except queue.Empty:
+                pytest.fail(f"no banner within 300 s; stdout so far: {printed}")
+        banner = "".join(printed)
+        keys = set(re.findall(r"\blg_[0-9a-f]{12}_[A-Za-z0-9_-]+", banner))
+        assert len(keys) == 1, banner
+        key = keys.pop()
+        body = json.loads(re.search(r"-d '(\{.*\})'", banner).group(1))  # type: ignore[union-attr]
+        assert f"http://127.0.0.1:{port}/v1/chat/completions" in banner
+
+        base = f"http://127.0.0.1:{port}"
+        wait_until(
+            lambda: httpx.get(f"{base}/readyz", trust_env=False).status_code == 200, "READY", timeout=300
+        )
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+            trust_env=False,
+        )
+        assert r.status_code == 200, r.text
+        assert 0 < r.json()["usage"]["completion_tokens"] <= body["max_tokens"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        reader.join(10)  # the pipe reaches EOF once the daemon has exited
+        stdout.close()
+    log = (tmp_path / "log.txt").read_text()
+    assert "llamagate stopped" in log and key not in log
