@@ -246,3 +246,47 @@ def test_events_from_an_old_child_are_ignored() -> None:
     assert m.step(GatePassed(1), 6.5) == []
     assert m.step(Exited(1, "late"), 6.6) == []
     assert m.state is S.STARTING
+
+
+def _running_failure(kind: str, m: Machine) -> list[Action]:
+    """Make a running child fail the way ``kind`` says; returns the actions of the failing step."""
+    if kind == "stall":  # quiet log for the stall timeout
+        return m.step(Tick(), m.spawned_at + 10.0)
+    if kind == "load_timeout":  # progressing, but past the hard cap
+        for t in range(5, 60, 5):
+            m.step(Output(m.generation), m.spawned_at + t)
+        return m.step(Tick(), m.spawned_at + 60.0)
+    if kind == "bad_gate":
+        return m.step(GateFailed(m.generation, "/v1/models reports n_ctx 2048"), m.spawned_at + 1.0)
+    assert kind == "unhealthy"
+    m.step(GatePassed(m.generation), m.spawned_at + 1.0)
+    for i in range(2):
+        m.step(HealthFailed(m.generation, "timeout"), m.spawned_at + 2.0 + i)
+    return m.step(HealthFailed(m.generation, "timeout"), m.spawned_at + 4.0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "last"),
+    [
+        ("stall", "load stalled: no output and no progress for 10 s"),
+        ("load_timeout", "load timeout: not ready after 60 s"),
+        ("bad_gate", "readiness gate failed: /v1/models reports n_ctx 2048"),
+        ("unhealthy", "not answering /health: 3 consecutive failures (last: timeout)"),
+    ],
+)
+def test_a_running_childs_last_allowed_failure_ends_in_failed(kind: str, last: str) -> None:
+    # The child is still alive when these failures are seen: the machine kills it, and only the exit
+    # of the killed child may take it to FAILED (never to BACKOFF, never a restart).
+    m = Machine(policy(max_restarts=1))
+    m.step(Start(), 0.0)
+    m.step(Exited(1, "exited with code 1"), 0.5)  # first failure: restarts
+    assert m.state is S.BACKOFF
+    m.step(Tick(), m.backoff_until or 0.0)
+    assert (m.state, m.generation) == (S.STARTING, 2)
+    assert _running_failure(kind, m) == [A.STOP_PROBES, A.KILL]
+    assert m.state is S.STOPPING and m.last_failure == last
+    assert m.step(Exited(2, "killed by SIGKILL"), m.spawned_at + 70.0) == []
+    assert m.state is S.FAILED and not m.ready
+    assert m.reason == f"gave up: 2 failures within 100 s (max_restarts 1); last: {last}"
+    assert m.next_deadline() is None
+    assert m.step(Tick(), 10_000.0) == [] and m.state is S.FAILED
