@@ -125,6 +125,60 @@ async def test_retry_after_grows_with_the_queue_and_the_service_time() -> None:
         p.release()
 
 
+async def test_retry_after_on_a_queue_timeout_grows_with_the_requests_still_waiting() -> None:
+    clock = FakeClock()
+    adm = Admission(
+        [tenant("a", max_concurrency=2, max_queue=10, queue_timeout_s=0.02)], capacity=4, clock=clock
+    )
+    p = await adm.acquire("a")
+    clock.now += 3.0  # one completed request of 3 s: the service time
+    p.release()
+    held = [await adm.acquire("a"), await adm.acquire("a")]
+    waiting = [asyncio.ensure_future(adm.acquire("a")) for _ in range(4)]
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, Rejected) and r.reason == "queue_timeout" for r in results), results
+    # Each one, as it leaves, sees k requests still queued behind the same 2 slots of concurrency:
+    # 3 s x (k + 1) / 2 for k = 3, 2, 1, 0 (in whatever order the deadlines fire).
+    rejected = [r for r in results if isinstance(r, Rejected)]
+    assert sorted(r.retry_after_s for r in rejected) == [1.5, 3.0, 4.5, 6.0]
+    # Whole seconds, rounded up: "not before this".
+    assert sorted(r.headers["retry-after"] for r in rejected) == ["2", "3", "5", "6"]
+    for p in held:
+        p.release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_retry_after_on_a_full_queue_is_when_the_first_place_frees() -> None:
+    clock = FakeClock()
+    # 8 allowed but only 2 slots: the estimate divides by what can really run at once.
+    adm = Admission([tenant("a", max_concurrency=8, max_queue=3)], capacity=2, clock=clock)
+    p = await adm.acquire("a")
+    clock.now += 3.0
+    p.release()
+    held = [await adm.acquire("a"), await adm.acquire("a")]
+    queued = [asyncio.ensure_future(adm.acquire("a")) for _ in range(3)]
+    await settle()
+    with pytest.raises(Rejected) as info:
+        await adm.acquire("a")
+    assert info.value.reason == "queue_full"
+    assert info.value.retry_after_s == 1.5  # 3 s / 2 slots: one queue place frees
+    assert info.value.headers["retry-after"] == "2"
+    for w in queued:
+        w.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    for p in held:
+        p.release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [(0.0, "1"), (0.001, "1"), (1.0, "1"), (1.01, "2"), (2.5, "3"), (4.0, "4"), (4.5, "5"), (59.2, "60")],
+)
+def test_retry_after_header_is_whole_seconds_rounded_up_at_least_1(seconds: float, header: str) -> None:
+    assert Rejected("queue_full", seconds, "x").headers == {"retry-after": header}
+
+
 async def test_wait_deadline_answers_429_and_leaves_the_queue() -> None:
     adm = Admission([tenant("a", max_concurrency=1, queue_timeout_s=0.02)], capacity=4)
     held = await adm.acquire("a")
