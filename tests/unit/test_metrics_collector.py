@@ -3,6 +3,7 @@ fake of the driver's read side (``SupervisorView``)."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -151,8 +152,14 @@ def test_boot_crash_restart_and_give_up() -> None:
 
 
 def test_child_process_figures_come_from_the_live_pid() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # The child says when it is up (interpreter loaded, 8 MiB written): read right after the spawn, a
+    # busy machine may still show the half-exec'd process with next to nothing resident.
+    script = "import time; ballast = b'x' * (8 << 20); print('up', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 60.0)  # a deadline, not a pace
+        assert ready and child.stdout.readline() == "up\n"
         h = Harness(pid=child.pid)
         s = h.samples()
         assert s[("llamagate_child_resident_memory_bytes", ())] > 1 * MIB
@@ -161,6 +168,8 @@ def test_child_process_figures_come_from_the_live_pid() -> None:
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     # the pid is gone and the driver has not noticed yet: the series are absent, the scrape works
     s = h.samples()
     assert ("llamagate_child_resident_memory_bytes", ()) not in s
