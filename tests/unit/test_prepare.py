@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,8 +11,10 @@ import pytest
 
 import supervisor.prepare as prepare_mod
 from supervisor.config_schema import Config
-from supervisor.errors import StartupError
+from supervisor.demo_model import DEMO_MODEL_SHA256, demo_model_path
+from supervisor.errors import DigestMismatch, StartupError
 from supervisor.progress import NullProgress
+from tests.unit.test_budget import write_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,3 +43,74 @@ def test_a_demo_model_not_fetched_yet_is_refused_not_downloaded(tmp_path: Path) 
     cfg = replace(cfg, llama=replace(cfg.llama, binary=binary))
     with pytest.raises(StartupError, match="llamagate model fetch"):
         prepare_mod.prepare(cfg, progress=NullProgress(), cache=tmp_path / "cache", fetch=False)
+
+
+# --- the model's sha256, checked before anything is launched (serve and SIGHUP alike) ----------------
+
+
+def fake_binary(tmp_path: Path) -> Path:
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'version: 0 (build 1, commit 0c1e570)'\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def config_with_model(tmp_path: Path, model: Path, sha256: str) -> Config:
+    cfg = Config()
+    llama = replace(
+        cfg.llama, binary=fake_binary(tmp_path), model=replace(cfg.llama.model, path=model, sha256=sha256)
+    )
+    # The tiny model fits any host: no refusal from the memory budget in the way of what is tested.
+    return replace(cfg, llama=llama, supervision=replace(cfg.supervision, memory_headroom_mib=0))
+
+
+@pytest.mark.parametrize("fetch", [True, False], ids=["serve", "reload"])
+def test_a_model_whose_sha256_differs_is_refused_naming_both_digests(tmp_path: Path, fetch: bool) -> None:
+    model = write_gguf(tmp_path / "m.gguf")
+    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    wrong = "0" * 64
+    with pytest.raises(DigestMismatch) as info:
+        prepare_mod.prepare(
+            config_with_model(tmp_path, model, wrong),
+            progress=NullProgress(),
+            cache=tmp_path / "c",
+            fetch=fetch,
+        )
+    assert str(info.value) == f"model {model}: sha256 mismatch: expected {wrong}, found {actual}"
+
+
+@pytest.mark.parametrize("fetch", [True, False], ids=["serve", "reload"])
+def test_a_model_whose_sha256_matches_is_served_with_it(tmp_path: Path, fetch: bool) -> None:
+    model = write_gguf(tmp_path / "m.gguf")
+    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    cfg = config_with_model(tmp_path, model, actual)
+    prepared = prepare_mod.prepare(cfg, progress=NullProgress(), cache=tmp_path / "c", fetch=fetch)
+    assert (prepared.model.path, prepared.model.sha256) == (model, actual)
+    assert prepared.spec.model == model
+
+
+def test_a_model_changed_after_its_hash_was_cached_is_refused(tmp_path: Path) -> None:
+    # The hash cache is keyed by path, size and mtime: a rewritten file is hashed again, not trusted.
+    model = write_gguf(tmp_path / "m.gguf")
+    actual = hashlib.sha256(model.read_bytes()).hexdigest()
+    cfg = config_with_model(tmp_path, model, actual)
+    cache = tmp_path / "c"
+    prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)
+    stat = model.stat()
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF  # same size, one byte different
+    model.write_bytes(bytes(data))
+    os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    with pytest.raises(DigestMismatch):
+        prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)
+
+
+def test_a_cached_demo_model_that_is_not_the_pinned_one_is_refused(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    demo = demo_model_path(cache)
+    demo.parent.mkdir(parents=True)
+    write_gguf(demo)  # a GGUF, but not the demo model's bytes
+    cfg = Config()
+    cfg = replace(cfg, llama=replace(cfg.llama, binary=fake_binary(tmp_path)))
+    with pytest.raises(DigestMismatch, match=f"expected {DEMO_MODEL_SHA256}"):
+        prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)
