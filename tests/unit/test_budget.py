@@ -16,7 +16,6 @@ from supervisor.budget import (
     checkpoint_bytes,
     kv_bytes,
     plan_budget,
-    runtime_bytes,
 )
 from supervisor.errors import NotAGguf
 from supervisor.gguf_info import ModelShape, read_shape
@@ -126,9 +125,11 @@ def test_budget_numbers_and_fit() -> None:
         available=8192 * MIB,
     )
     assert b.fits
-    assert b.kv_bytes == kv_bytes(shape, ctx_per_slot=4096, slots=2, type_k="f16", type_v="f16")
-    assert b.runtime_bytes == runtime_bytes(500 * MIB)
-    assert b.required_bytes == b.weights_bytes + b.kv_bytes + b.runtime_bytes
+    # KV: 2 (K, V) x 4 layers x 2 heads x 64 x 2 bytes = 2048 B a token; x 4096 x 2 slots = 16 MiB.
+    assert b.kv_bytes == 16_777_216
+    # Runtime: 128 MiB + 5 % of 524,288,000 = 134,217,728 + 26,214,400.
+    assert b.runtime_bytes == 160_432_128
+    assert b.required_bytes == 524_288_000 + 16_777_216 + 160_432_128 == 701_497_344
     assert b.usable_bytes == 7168 * MIB
 
 
@@ -149,19 +150,13 @@ def test_refusal_names_the_three_numbers_and_what_to_change() -> None:
     text = b.refusal()
     for number in (b.required_bytes, b.weights_bytes, b.kv_bytes, b.runtime_bytes, b.usable_bytes):
         assert f"{number / MIB:,.0f} MiB" in text
-    assert f"llama.ctx_per_slot <= {b.max_ctx_per_slot} (now 32768)" in text
-    assert f"llama.slots <= {b.max_slots} (now 8)" in text
-
-    def need(slots: int, ctx: int) -> int:
-        return (
-            weights
-            + runtime_bytes(weights)
-            + kv_bytes(shape, ctx_per_slot=ctx, slots=slots, type_k="f16", type_v="f16")
-        )
-
-    # The advice is the largest setting that fits, not a guess.
-    assert need(8, b.max_ctx_per_slot) <= b.usable_bytes < need(8, b.max_ctx_per_slot + 256)
-    assert need(b.max_slots, 32768) <= b.usable_bytes < need(b.max_slots + 1, 32768)
+    # The advice is the largest setting that fits, by hand: usable 15,360 MiB = 16,106,127,360 B, minus
+    # weights 4,194,304,000 and runtime 134,217,728 + 209,715,200 leaves 11,567,890,432 B for KV.
+    # 8 slots x 128 KiB a token: 11,567,890,432 / 1,048,576 = 11,031.8 tokens a slot -> 43 x 256 = 11008.
+    # 32768 tokens x 128 KiB = 4 GiB a slot: 11,567,890,432 / 4,294,967,296 = 2.69 -> 2 slots.
+    assert (b.max_ctx_per_slot, b.max_slots) == (11008, 2)
+    assert "llama.ctx_per_slot <= 11008 (now 32768)" in text
+    assert "llama.slots <= 2 (now 8)" in text
 
 
 def test_nothing_fits_when_the_weights_alone_do_not() -> None:
@@ -210,12 +205,12 @@ def test_prompt_cache_and_checkpoints_are_in_the_budget() -> None:
     # llama-server's defaults (an 8 GiB prompt cache, 32 checkpoints per slot) grow its RSS far past the
     # KV cache: the supervisor sets both and the budget counts them.
     b = gemma_budget(prompt_cache_bytes=256 * MIB, ctx_checkpoints=8)
-    one = checkpoint_bytes(GEMMA, ctx_per_slot=4096, type_k="f16", type_v="f16")
-    assert b.prompt_cache_bytes == 256 * MIB
-    assert b.checkpoint_bytes == 2 * 8 * one
-    assert b.required_bytes == (
-        b.weights_bytes + b.kv_bytes + b.runtime_bytes + b.prompt_cache_bytes + b.checkpoint_bytes
-    )
+    assert b.prompt_cache_bytes == 268_435_456
+    # One checkpoint: 15 sliding layers x 1024 cells x 1024 B (K+V, 1 head of 256, f16) = 15 MiB;
+    # 2 slots x 8 of them.
+    assert b.checkpoint_bytes == 2 * 8 * 15_728_640 == 251_658_240
+    # 241 MiB of weights + 54 MiB KV + (128 MiB + int(0.05 x 252,706,816)) + 256 MiB + 240 MiB.
+    assert b.required_bytes == 252_706_816 + 56_623_104 + 146_853_068 + 268_435_456 + 251_658_240
     text = "\n".join(b.lines())
     assert "prompt cache" in text and "checkpoints (2 x 8)" in text
     assert b.as_dict()["prompt_cache_bytes"] == 256 * MIB
@@ -240,3 +235,42 @@ def test_a_larger_ubatch_widens_the_sliding_window_cache() -> None:
     # -ub 2048: pad256(512 + 2048) = 2560 cells on each sliding layer.
     got = kv_bytes(GEMMA, ctx_per_slot=4096, slots=1, type_k="f16", type_v="f16", n_ubatch=2048)
     assert got == (3 * 4096 + 15 * 2560) * 256 * 2 * 2
+
+
+def test_the_demo_models_budget_by_hand() -> None:
+    """The default config (2 slots x 4096, f16, 256 MiB prompt cache, 8 checkpoints) on the demo model,
+    whose header says: gemma3, 18 layers, 1 KV head of 256 (K and V), sliding window 512 on every layer
+    but each 6th; the file is 253,113,024 bytes."""
+    shape = ModelShape("gemma3", 18, 4, (1,) * 18, 256, 256, 32768, 512, tuple(i % 6 < 5 for i in range(18)))
+    args: dict[str, Any] = dict(
+        weights=253_113_024,
+        slots=2,
+        ctx_per_slot=4096,
+        type_k="f16",
+        type_v="f16",
+        prompt_cache_bytes=256 * MIB,
+        ctx_checkpoints=8,
+    )
+    b = plan_budget(shape, headroom_bytes=0, available=64 * 1024 * MIB, **args)
+    # A cell of one layer: K + V = 2 x 1 head x 256 x 2 bytes = 1024 B.
+    # A slot: 3 global layers x 4096 cells + 15 sliding layers x pad256(512 + 512 ubatch) = 1024 cells
+    #   = 12,288 + 15,360 = 27,648 cells = 28,311,552 B; two slots: 56,623,104 B (54 MiB).
+    assert b.kv_bytes == 56_623_104
+    # 128 MiB + int(0.05 x 253,113,024 = 12,655,651.2) = 134,217,728 + 12,655,651.
+    assert b.runtime_bytes == 146_873_379
+    # One checkpoint holds a slot's sliding layers: 15 x 1024 cells x 1024 B = 15 MiB; 2 slots x 8.
+    assert b.checkpoint_bytes == 251_658_240
+    assert b.prompt_cache_bytes == 268_435_456
+    assert b.required_bytes == 976_703_203  # the sum of the five
+    assert b.fits and (b.max_ctx_per_slot, b.max_slots) == (4096, 2)
+
+    # Usable memory that holds exactly 2 slots x 2048: fixed part 253,113,024 + 146,873,379 +
+    # 268,435,456 = 668,421,859; a slot at 2048 holds (3 x 2048 + 15 x 1024) x 1024 = 22,020,096 B of KV
+    # plus 8 checkpoints of 15 MiB = 125,829,120 B: 147,849,216; two of them 295,698,432.
+    usable = 668_421_859 + 295_698_432
+    tight = plan_budget(shape, headroom_bytes=0, available=usable, **args)
+    assert not tight.fits
+    # 2304 would need 2 x 3 x 256 x 1024 B more; 2 slots at 4096 need 2 x 154,140,672 > 295,698,432.
+    assert (tight.max_ctx_per_slot, tight.max_slots) == (2048, 1)
+    assert "llama.ctx_per_slot <= 2048 (now 4096)" in tight.refusal()
+    assert "needs 931 MiB" in tight.refusal()  # 976,703,203 / 1,048,576 = 931.4
