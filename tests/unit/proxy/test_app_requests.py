@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 
 from tests.unit.proxy.conftest import SECRET, ProxyFactory
+from tests.unit.proxy.raw_upstream import RawRequest
+from tests.unit.proxy.test_app_upstream_faults import DEADLINE_S, proxy_on
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
@@ -63,13 +66,61 @@ async def test_chat_and_completions_pass_through(proxy_factory: ProxyFactory) ->
         assert r.status_code == 200 and r.json()["data"][0]["id"] == "gemma-3-270m"
 
 
-async def test_stream_is_relayed_event_by_event_with_done_and_usage(proxy_factory: ProxyFactory) -> None:
+def sse_events(n_tokens: int) -> list[bytes]:
+    """llama-server's chat stream: the role, n content deltas, the finish, the usage, [DONE]."""
+    tail = ',"created":1,"id":"chatcmpl-x","model":"gemma-3-270m","object":"chat.completion.chunk"'
+    role = '{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]' + tail + "}"
+    token = '{"choices":[{"index":0,"delta":{"content":"tok "}}]' + tail + "}"
+    finish = '{"choices":[{"index":0,"finish_reason":"length","delta":{}}]' + tail + "}"
+    counts = f'"completion_tokens":{n_tokens},"prompt_tokens":8,"total_tokens":{n_tokens + 8}'
+    usage = '{"choices":[],"usage":{' + counts + "}" + tail + "}"
+    data = [role, *[token] * n_tokens, finish, usage, "[DONE]"]
+    return [f"data: {d}\n\n".encode() for d in data]
+
+
+async def test_stream_is_relayed_event_by_event_with_done_and_usage() -> None:
+    # Lockstep: the upstream sends event k+1 only once the client has read event k. A proxy that
+    # buffers (the whole stream, or just more than one event) never lets the client see event k, so the
+    # upstream never sends the rest: the deadline below fails the test instead of a late pass.
+    events = sse_events(6)
+    seen = [asyncio.Event() for _ in events]
+
+    async def lockstep(request: RawRequest) -> bool:
+        await request.body()
+        request.writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for k, event in enumerate(events):
+            request.writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await request.writer.drain()
+            if k + 1 < len(events):
+                await seen[k].wait()
+        request.writer.write(b"0\r\n\r\n")
+        return True
+
+    body = {**CHAT, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
+    async with proxy_on(lockstep) as (c, _):
+        lines: list[str] = []
+        async with asyncio.timeout(DEADLINE_S), c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"] == "text/event-stream"
+            assert r.headers.get("x-request-id")
+            async for line in r.aiter_lines():
+                if line:
+                    seen[len(lines)].set()
+                    lines.append(line)
+    assert [f"{line}\n\n".encode() for line in lines] == events  # each one, whole and in order
+    assert lines[-1] == "data: [DONE]"
+    parsed = [json.loads(line[6:]) for line in lines[:-1]]
+    assert sum(1 for e in parsed if e["choices"] and e["choices"][0]["delta"].get("content")) == 6
+    assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] == 6
+
+
+async def test_stream_through_the_fake_child_ends_with_done_and_usage(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory() as p, p.client() as c:
         body = {**CHAT, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
-            assert r.headers["content-type"] == "text/event-stream"
-            assert r.headers.get("x-request-id")
             lines = [line async for line in r.aiter_lines() if line]
         assert lines[-1] == "data: [DONE]"
         events = [json.loads(line[6:]) for line in lines[:-1]]
