@@ -220,6 +220,50 @@ async def test_embeddings_route_only_when_the_child_serves_them(proxy_factory: P
         assert_error_shape(r, 404)
 
 
+async def test_embeddings_are_forwarded_to_the_child_and_answered_whole() -> None:
+    answer = json.dumps(
+        {
+            "object": "list",
+            "model": "gemma-3-270m",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 1.0]}],
+            "usage": {"prompt_tokens": 2, "total_tokens": 2},
+        }
+    ).encode()
+    seen: list[tuple[RawRequest, bytes]] = []
+    release = asyncio.Event()
+
+    async def child(request: RawRequest) -> bool:
+        seen.append((request, await request.body()))
+        await release.wait()  # holds its slot until the test has looked at the admission gauges
+        request.writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(answer), answer)
+        )
+        return True
+
+    # "stream" and "max_tokens" mean nothing to embeddings: the body goes through untouched, whole.
+    raw = b'{"model":"gemma-3-270m","input":["hello world"],"encoding_format":"float","stream":true}'
+    async with proxy_on(child, snapshot={"embeddings": True}) as (c, _):
+        pending = asyncio.ensure_future(
+            c.post("/v1/embeddings", content=raw, headers={"content-type": "application/json"})
+        )
+        async with asyncio.timeout(DEADLINE_S):  # admitted like any inference request: it holds a permit
+            while (await c.get("/readyz")).json()["in_flight"] != 1:  # noqa: ASYNC110 - polled over HTTP
+                await asyncio.sleep(0.01)
+        release.set()
+        r = await pending
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert r.content == answer
+        request, body = seen[0]
+        assert (request.method, request.target, body) == ("POST", "/v1/embeddings", raw)
+        assert request.headers["authorization"] == f"Bearer {SECRET}"  # the per-boot secret, not the key
+        assert request.headers["x-request-id"] == r.headers["x-request-id"]
+        readyz = (await c.get("/readyz")).json()
+        assert (readyz["in_flight"], readyz["queued"]) == (0, 0)
+        assert len(seen) == 1
+
+
 @pytest.mark.parametrize(
     ("raw", "status"),
     [(b"{not json", 400), (b"[1, 2]", 400), (b"", 400), (b'"str"', 400), (b"\xff\xfe\x00", 400)],

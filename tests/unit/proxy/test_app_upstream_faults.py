@@ -22,7 +22,7 @@ DEADLINE_S = 10.0
 
 @asynccontextmanager
 async def proxy_on(
-    handler: Handler, **changes: object
+    handler: Handler, snapshot: dict[str, object] | None = None, **changes: object
 ) -> AsyncIterator[tuple[httpx.AsyncClient, RawUpstream]]:
     server = await RawUpstream(handler).start()
     keys: dict[str, str] = {}
@@ -30,7 +30,7 @@ async def proxy_on(
     for name, tenant, scopes in (("user", "team", {"inference"}), ("admin", "ops", {"inference", "admin"})):
         keys[name], entries[name] = new_key(tenant, frozenset(scopes))  # type: ignore[arg-type]
     settings = default_settings(entries, **changes)
-    app = create_app(settings, StaticSource(snapshot_for(server.base_url, SECRET)))
+    app = create_app(settings, StaticSource(snapshot_for(server.base_url, SECRET, **(snapshot or {}))))
     try:
         async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=DEADLINE_S) as client:
             client.headers["authorization"] = f"Bearer {keys['admin']}"
