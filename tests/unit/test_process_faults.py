@@ -63,7 +63,9 @@ async def supervised(
     spec = LaunchSpec(binary, tmp_path / "model.gguf", "fake", 0, 1, 1, 2, 1024)
     base: dict[str, object] = dict(
         load_timeout_s=15.0,
-        stall_timeout_s=2.0,
+        # Well above a Python start on a busy machine (the fake prints its first line after it): only
+        # the tests of the stall itself set a short one.
+        stall_timeout_s=10.0,
         health_failures=3,
         stop_grace_s=1.0,
         backoff=lambda n: 0.05,
@@ -102,12 +104,11 @@ async def test_ready_with_the_fake(tmp_path: Path) -> None:
 
 
 async def test_exit_during_load_fails_fast_with_the_last_log_lines(tmp_path: Path) -> None:
-    async with supervised(tmp_path, "--exit-during-load", "7", max_restarts=0) as (sup, watch):
+    # Load and stall deadlines far beyond the wait's: FAILED within it can only come from the exit.
+    async with supervised(
+        tmp_path, "--exit-during-load", "7", max_restarts=0, load_timeout_s=600.0, stall_timeout_s=300.0
+    ) as (sup, watch):
         await watch.until(watch.reached(State.FAILED), "FAILED")
-        started = watch.seen[0][3]
-        failed_at = watch.seen[-1][3]
-        # Fast: noticed when the process exited, not at a load deadline (15 s here).
-        assert failed_at - started < 5.0
         assert sup.machine.last_failure == "exited during load: exited with code 7"
         assert any("failed to load model (fake)" in line for line in sup.tail)
         assert State.READY not in [n for _, n, _, _ in watch.seen]
@@ -156,9 +157,10 @@ async def test_a_crash_loop_ends_in_failed(tmp_path: Path) -> None:
         await watch.until(watch.reached(State.FAILED), "FAILED")
         assert sup.machine.generation == 3  # first start + 2 restarts
         assert sup.machine.reason is not None
-        assert sup.machine.reason.startswith(
-            "gave up: 3 failures within 60 s (max_restarts 2); last: exited with code 3"
-        )
+        # The fake crashes 0.1 s after it starts answering: on a busy machine that may come before the
+        # readiness gate has passed ("exited during load: ...") or after; either way it is the exit.
+        assert sup.machine.reason.startswith("gave up: 3 failures within 60 s (max_restarts 2); last: ")
+        assert sup.machine.reason.endswith("exited with code 3")
         snap = sup.snapshot()
         assert not snap.ready and snap.state == "FAILED" and snap.reason == sup.machine.reason
 
