@@ -46,10 +46,21 @@ async def test_warmup_comes_first_and_is_flagged() -> None:
 
 
 async def test_closed_loop_duration_stops_submitting() -> None:
-    rec = Recorder(service_s=0.01)
-    n = await generate(LoadSpec("concurrency", 2, duration_s=0.1), rec)
-    assert n == len(rec.plans)
-    assert 2 <= n <= 40
+    # A clock that only the requests move (each takes 0.25 s of it), so the count does not depend on
+    # how busy the machine is: 2 s of closed loop is exactly 8 requests, whatever the concurrency.
+    now = 100.0
+    plans: list[Plan] = []
+
+    async def send(plan: Plan) -> Sent:
+        nonlocal now
+        plans.append(plan)
+        now += 0.25
+        await asyncio.sleep(0)  # let the other user run in between
+        return Sent()
+
+    n = await generate(LoadSpec("concurrency", 2, duration_s=2.0), send, clock=lambda: now)
+    assert n == len(plans) == 8
+    assert [p.t_submit for p in sorted(plans, key=lambda p: p.seq)] == [100.0 + 0.25 * i for i in range(8)]
 
 
 async def test_open_loop_arrivals_are_seeded_and_do_not_wait_for_answers() -> None:
