@@ -1,6 +1,11 @@
 """Admission and streaming faults through the real daemon and the real child: limits hold, overload is
-refused quickly while admitted requests keep their first-token time, disconnects free slots, and a child
-killed mid-stream ends the client's stream with an error instead of a hang."""
+refused without waiting for a slot while the admitted requests run side by side, disconnects cancel the
+child's work, and a child killed mid-stream ends the client's stream with an error instead of a hang.
+
+No assert here compares a duration with a constant: a busy machine must not fail them. They check who
+was admitted and refused and the order of events, with timestamps taken in this process compared with
+each other. How fast these things are is measured by `llamagate bench` and recorded in
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ class Outcome:
     status: int
     started: float
     ended: float = 0.0
-    ttft: float | None = None
+    first_token_at: float | None = None  # time.monotonic() when the first content arrived
     events: int = 0
     error_event: bool = False
     retry_after: str | None = None
@@ -68,8 +73,8 @@ async def stream_one(
                     out.error_event = True
                     break
                 delta = event["choices"][0].get("delta", {}) if event["choices"] else {}
-                if delta.get("content") and out.ttft is None:
-                    out.ttft = time.monotonic() - out.started
+                if delta.get("content") and out.first_token_at is None:
+                    out.first_token_at = time.monotonic()
                 out.events += 1
                 if progress is not None and out.events >= 3:
                     progress.set()
@@ -111,6 +116,19 @@ async def watch_slots(d: Daemon, stop: asyncio.Event) -> int:
     return seen
 
 
+def tokens_predicted(d: Daemon) -> float:
+    """The child's count of generated tokens (llama-server adds a task's tokens when its slot is
+    released, finished or cancelled), through the daemon's /metrics."""
+    text = httpx.get(
+        f"{d.base_url}/metrics",
+        headers={"Authorization": f"Bearer {d.admin_key}"},
+        timeout=10,
+        trust_env=False,
+    ).text
+    found = re.findall(r"^llamacpp_tokens_predicted_total\{[^}]*\} (\S+)$", text, re.M)
+    return float(found[0]) if found else 0.0
+
+
 def assert_idle_afterwards(d: Daemon) -> None:
     wait_until(lambda: busy_slots(d) == 0, "all child slots idle", timeout=30)
     wait_until(
@@ -140,10 +158,11 @@ def test_tenant_limit_holds_and_overflow_is_refused_fast(daemon_factory: DaemonF
     refused = [r for r in results if r.status == 429]
     assert len(ok) == 4 and len(refused) == 2, [r.status for r in results]
     assert max_busy <= 2  # the child never saw more than the tenant's 2 at once
-    first_token = min(r.ttft for r in ok if r.ttft is not None)
+    first_done = min(r.ended for r in ok)
     for r in refused:
-        # Refused well before even the quickest admitted request produced its first token.
-        assert r.ended - r.started < first_token
+        # Refused without waiting for a slot: answered before any admitted request had finished
+        # (the two queued ones could only start when one had).
+        assert r.ended < first_done
         assert r.retry_after is not None and int(r.retry_after) >= 1
     assert all(r.events >= 48 for r in ok)
     assert_idle_afterwards(d)
@@ -203,7 +222,9 @@ def test_two_tenants_hammering_both_progress(daemon_factory: DaemonFactory) -> N
     assert_idle_afterwards(d)
 
 
-def test_overload_admitted_keep_first_token_time_rest_refused_quickly(daemon_factory: DaemonFactory) -> None:
+def test_overload_admitted_run_side_by_side_rest_refused_before_any_ends(
+    daemon_factory: DaemonFactory,
+) -> None:
     d = daemon_factory(
         {
             "llama": {"slots": 4, "ctx_per_slot": 2048},
@@ -211,55 +232,56 @@ def test_overload_admitted_keep_first_token_time_rest_refused_quickly(daemon_fac
         }
     )
 
-    async def run() -> tuple[Outcome, list[Outcome]]:
+    async def run() -> tuple[list[Outcome], int]:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch_slots(d, stop))
         async with httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c:
-            baseline = await stream_one(c, d.inference_key, chat(128))
             results = await asyncio.gather(*(stream_one(c, d.inference_key, chat(128)) for _ in range(8)))
-        return baseline, list(results)
+        stop.set()
+        return list(results), await watcher
 
-    baseline, results = asyncio.run(run())
-    assert baseline.status == 200 and baseline.ttft is not None
+    results, max_busy = asyncio.run(run())
     ok = [r for r in results if r.status == 200]
     refused = [r for r in results if r.status == 429]
     assert len(ok) == 4 and len(refused) == 4, [r.status for r in results]
-    fastest = min(r.ttft for r in ok if r.ttft is not None)
-    for r in ok:
-        assert r.ttft is not None and r.events >= 128
-        # Four prompts share the child's batch; none waits behind another request's generation
-        # (which would cost a whole 128-token stream: many times the single-request first token).
-        assert r.ttft < 4 * baseline.ttft + 0.5, (r.ttft, baseline.ttft)
+    assert all(r.first_token_at is not None and r.events >= 128 for r in ok)
+    # The four admitted ones shared the child's batch: each had its first token before any of them had
+    # finished, so none waited behind another's whole generation (what llama-server's own queue does
+    # to the requests beyond its slots). Their first-token times are in docs/benchmarks.md.
+    first_done = min(r.ended for r in ok)
+    assert max(r.first_token_at or 0.0 for r in ok) < first_done
+    assert max_busy == 4  # all four slots busy at once, never more
     for r in refused:
-        assert r.ended - r.started < fastest
-        assert r.retry_after is not None
+        # Refused at once, not queued: answered while the admitted ones were still generating.
+        assert r.ended < first_done
+        assert r.retry_after is not None and int(r.retry_after) >= 1
     assert_idle_afterwards(d)
 
 
 def test_disconnect_mid_stream_frees_the_slot(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory({"llama": {"slots": 2, "ctx_per_slot": 4096}})
 
-    async def run() -> tuple[float, float]:
+    async def run() -> None:
         auth = {"Authorization": f"Bearer {d.inference_key}"}
-        arrivals: list[float] = []
+        events = 0
         async with (
             httpx.AsyncClient(base_url=d.base_url, timeout=300, trust_env=False) as c,
             c.stream("POST", "/v1/chat/completions", json=chat(3000), headers=auth) as r,
         ):
             async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    arrivals.append(time.monotonic())
-                if len(arrivals) >= 8:
+                events += line.startswith("data: ")
+                if events >= 8:
                     break
             assert busy_slots(d) == 1
-        per_token = (arrivals[-1] - arrivals[2]) / (len(arrivals) - 3)
-        return time.monotonic(), per_token
 
-    left_at, per_token = asyncio.run(run())
-    wait_until(lambda: busy_slots(d) == 0, "the slot freed after the client left", timeout=60)
-    freed_after = time.monotonic() - left_at
-    # llama-server notices at its next token (or its 1 s poll) and frees the slot: about a second on a
-    # quiet host. The bound scales with the child's own pace on a loaded one; a request that was not
-    # cancelled would hold the slot for ~3000 tokens.
-    assert freed_after < 2.0 + 10 * per_token, (freed_after, per_token)
+    before = tokens_predicted(d)
+    asyncio.run(run())
+    # The deadlines only keep a broken cancel from hanging the test; what proves the cancel is the count:
+    # the slot was released having generated far fewer than the 3000 tokens it was asked for.
+    wait_until(lambda: busy_slots(d) == 0, "the slot freed after the client left", timeout=300)
+    wait_until(lambda: tokens_predicted(d) >= before + 5, "the released slot's tokens counted", timeout=60)
+    generated = tokens_predicted(d) - before
+    assert generated < 3000 - 100, generated
     access = [
         r
         for r in d.log_records()
@@ -283,14 +305,16 @@ def test_child_killed_mid_stream_ends_the_stream_with_an_error(daemon_factory: D
                 await streaming.wait()  # a few tokens out
             killed_at = time.monotonic()
             os.kill(child, signal.SIGKILL)
-            async with asyncio.timeout(30):  # never a hang
+            # Never a hang: a relay that missed the broken connection would wait here for the other
+            # ~3000 tokens that will never come. The deadline is generous; it only bounds a hang.
+            async with asyncio.timeout(120):
                 out = await task
-            return out, out.ended - killed_at
+            return out, killed_at
 
-    out, ended_after = asyncio.run(run())
+    out, killed_at = asyncio.run(run())
     assert out.status == 200 and out.events >= 3
     assert out.error_event, "the stream ends with an error event, not a silent cut"
-    assert ended_after < 5.0
+    assert out.ended > killed_at
     # The supervisor brings a new child up; the proxy follows its new port and secret. Wait for the new
     # generation: right after the stream broke, /readyz may still describe the dead child.
     d.wait_for(lambda code, b: code == 200 and b["generation"] > generation, "READY with a new child")
