@@ -191,3 +191,24 @@ def test_prompt_size_checked_with_the_childs_tokenizer_before_a_slot(daemon_fact
         assert ok.status_code == 200
     outcomes = [r.get("outcome") for r in d.log_records() if r.get("logger") == "llamagate.access"]
     assert outcomes.count("rejected:context_size") == 2  # refused by the proxy, not by the child
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+
+def test_embeddings_through_the_daemon_when_the_child_serves_them(daemon_factory: DaemonFactory) -> None:
+    # The demo model is generative: llama-server's OpenAI route needs a pooling type for it (without one
+    # it answers 400 "Pooling type 'none' is not OAI compatible").
+    d = daemon_factory({"llama": {"embeddings": True, "extra_args": ["--pooling", "mean"]}})
+    with OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0) as client:
+        answer = client.embeddings.create(model=MODEL, input=["a lighthouse", "a lighthouse", "tax law"])
+    vectors = [item.embedding for item in answer.data]
+    assert [item.index for item in answer.data] == [0, 1, 2]
+    assert len(vectors[0]) == 640  # the demo model's embedding length (gemma3.embedding_length)
+    # Computed from each input (batched numerics make equal inputs close, not bit-identical).
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+    assert answer.usage is not None and answer.usage.prompt_tokens > 0
+    # Admitted like the other inference routes: the permit is back once answered.
+    wait_until(lambda: d.readyz()[1]["in_flight"] == 0, "the embeddings permit released")
