@@ -20,6 +20,8 @@ def test_fake_phase_reports_every_figure(tmp_path: Path) -> None:
     assert fake["non_200"] == 0
     assert fake["latency_proxy_ms"]["n"] >= 100 and fake["rps_c32"] > 0
     assert fake["sse_tokens"] == 2 * 50  # every token relayed
-    assert fake["cpu_ms_per_event"] > 0  # measured; its size is for docs/benchmarks.md, not this host
+    # Reported, not judged: its size is for docs/benchmarks.md, not this host. CPU time comes in clock
+    # ticks (10 ms), so 100 cheap events may well read 0.
+    assert fake["cpu_ms_per_event"] >= 0
     assert record["host"]["cpu_logical"] >= 1
     assert "added latency p50" in proc.stdout
