@@ -194,10 +194,13 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
 
 def chat_template_for(cfg: Config) -> str | None:
     """The configured template; unset, the demo model (whose GGUF has none, so llama-server would fall
-    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format."""
-    if cfg.llama.chat_template is not None:
-        return cfg.llama.chat_template
-    return DEMO_MODEL_CHAT_TEMPLATE if cfg.llama.model.path is None else None
+    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. The demo model
+    is recognised by its pinned digest too, wherever a config puts the file."""
+    llama = cfg.llama
+    if llama.chat_template is not None:
+        return llama.chat_template
+    demo = llama.model.path is None or llama.model.sha256 == DEMO_MODEL_SHA256
+    return DEMO_MODEL_CHAT_TEMPLATE if demo else None
 
 
 def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:

@@ -13,6 +13,7 @@ import pytest
 from supervisor.chat_template import BUILTIN_CHAT_TEMPLATES
 from supervisor.config import load_config, parse_config
 from supervisor.config_schema import Config
+from supervisor.demo_model import DEMO_MODEL_SHA256
 from supervisor.errors import ConfigError
 from supervisor.launch import LaunchSpec, build_argv
 from supervisor.lock import load_lock
@@ -104,6 +105,10 @@ def test_the_demo_model_gets_gemma_and_an_own_model_its_own_template(tmp_path: P
     assert chat_template_for(Config()) == "gemma"
     own = parse_config(f"llama:\n  model: {{path: {tmp_path / 'm.gguf'}, sha256: '{'a' * 64}'}}\n", env={})
     assert chat_template_for(own) is None
+    demo_elsewhere = parse_config(
+        f"llama:\n  model: {{path: {tmp_path / 'd.gguf'}, sha256: '{DEMO_MODEL_SHA256}'}}\n", env={}
+    )
+    assert chat_template_for(demo_elsewhere) == "gemma"
     chosen = parse_config("llama:\n  chat_template: chatml\n", env={})
     assert chat_template_for(chosen) == "chatml"
 
