@@ -41,10 +41,10 @@ log = logging.getLogger("llamagate.fetch")
 
 _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)")
 _PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+)")
-# What pip does after a download when it must read an sdist's metadata; shown so a pip without byte
-# progress still says what it is doing.
+# What pip does after a download when it must read an sdist's metadata (and, should it ever compile a
+# build dependency, that too); shown so a pip without byte progress still says what it is doing.
 _PIP_STAGE = re.compile(
-    r"^\s*(Installing build dependencies|Getting requirements to build|Preparing metadata)"
+    r"^\s*(Installing build dependencies|Getting requirements to build|Preparing metadata|Building wheel)"
 )
 _PIP_VERSION = re.compile(r"^pip (\d+)\.(\d+)")
 _REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
