@@ -173,7 +173,11 @@ def pip_download(
     state = {"index": -1}
     total = len(requirements)
 
-    def fraction() -> float:
+    def fraction() -> float | None:
+        # Without byte progress a single file has no fraction to show until it is done ("0%" for the
+        # whole download would look stuck); several files still count as they arrive.
+        if not tool.raw_progress and total == 1:
+            return None
         return max(0, state["index"]) / total
 
     def on_line(line: str) -> None:

@@ -235,6 +235,12 @@ def test_the_source_fetch_works_with_old_and_current_pip(tmp_path: Path, version
     assert not any("Building wheel" in d for d in details)
     byte_progress = [d for d in details if d.startswith("file 1 of 1")]
     assert bool(byte_progress) == raw
+    # No byte progress: no made-up percentage either (a "0%" download would look stuck).
+    fractions = {f for s, f, _ in rec.updates if s == "download source" and f != 1.0}
+    if raw:
+        assert None not in fractions and 0.0 in fractions and any(0 < f < 1 for f in fractions if f)
+    else:
+        assert fractions == {None}
 
 
 def test_raw_progress_on_pip_23_is_what_pip_23_refuses(tmp_path: Path) -> None:
