@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import CheckFailed, DigestMismatch, NotAGguf, UsageError
-from supervisor.paths import cache_root
+from supervisor.paths import cache_root, new_file_mode
 from supervisor.progress import Progress
 
 log = logging.getLogger("llamagate.artifacts")
@@ -123,6 +123,8 @@ def _remember(root: Path, key: str, entry: dict[str, Any]) -> None:
             data[key] = entry
             fd, tmp = tempfile.mkstemp(prefix=f".{HASH_CACHE_NAME}.", suffix=".tmp", dir=root)
             try:
+                # Readable like any new file (mkstemp makes 0600): see paths.new_file_mode.
+                os.fchmod(fd, new_file_mode())
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     json.dump(data, fh, indent=1, sort_keys=True)
                 Path(tmp).replace(_cache_file(root))

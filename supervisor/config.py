@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
+from supervisor.chat_template import is_builtin
 from supervisor.config_rules import cross_check
-from supervisor.config_schema import Config
+from supervisor.config_schema import Config, NameOrPath
 from supervisor.errors import ConfigError
 
 CONFIG_ENV = "LLAMAGATE_CONFIG"
@@ -205,6 +206,13 @@ class _Converter:
                 return str(raw)
             self.bad(path, f"must be a string (got {raw!r})")
             return ""
+        if tp is NameOrPath:
+            if not isinstance(raw, str) or not raw:
+                self.bad(path, f"must be a built-in name or a file path (got {raw!r})")
+                return NameOrPath("")
+            if is_builtin(raw):
+                return NameOrPath(raw)
+            return NameOrPath(str(self.scalar(Path, raw, path)))
         if tp is Path:
             if not isinstance(raw, str) or not raw:
                 self.bad(path, f"must be a path (got {raw!r})")

@@ -14,9 +14,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NewType
+
+from supervisor.chat_template import check_chat_template
 
 Check = Callable[[Any], str | None]
+# A built-in name kept as given, or a file path (relative to the config file, like every path).
+NameOrPath = NewType("NameOrPath", str)
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 Scope = Literal["inference", "admin"]
@@ -135,6 +139,12 @@ class LlamaConfig:
     )
     extra_args: tuple[str, ...] = setting(
         (), "appended to the child's argv; flags the supervisor sets itself are refused"
+    )
+    chat_template: NameOrPath | None = setting(
+        None,
+        "chat format: a llama.cpp built-in name (--chat-template NAME --no-jinja) or a Jinja template file"
+        " (--chat-template-file); null = the GGUF's own template, and gemma for the demo model",
+        check_chat_template,
     )
 
 

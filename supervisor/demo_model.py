@@ -23,6 +23,8 @@ DEMO_MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087
 DEMO_MODEL_ALIAS = "gemma-3-270m"
 DEMO_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 DEMO_MODEL_SIZE = 253_113_024
+# Its GGUF carries no chat template; this is its family's format (llama.cpp built-in name).
+DEMO_MODEL_CHAT_TEMPLATE = "gemma"
 _VERSION = "1.0.0"
 _PARTS = 4
 

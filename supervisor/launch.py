@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.chat_template import is_builtin
+
 # Only the child's loopback address: the proxy is the only door.
 CHILD_HOST = "127.0.0.1"
 
@@ -35,6 +37,15 @@ class LaunchSpec:
     extra_args: tuple[str, ...] = ()
     prompt_cache_mib: int = 256
     ctx_checkpoints: int = 8
+    chat_template: str | None = None  # checked: a built-in name or a readable file (chat_template.py)
+
+
+def _template_name(s: LaunchSpec) -> str | None:
+    return s.chat_template if s.chat_template is not None and is_builtin(s.chat_template) else None
+
+
+def _template_file(s: LaunchSpec) -> str | None:
+    return s.chat_template if s.chat_template is not None and not is_builtin(s.chat_template) else None
 
 
 # A value of None leaves the flag out; True passes it bare.
@@ -69,6 +80,11 @@ FLAGS: tuple[Flag, ...] = (
     # cache, 32 checkpoints per slot): set so the memory budget can count it.
     Flag(("--cache-ram", "-cram"), lambda s: str(s.prompt_cache_mib)),
     Flag(("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"), lambda s: str(s.ctx_checkpoints)),
+    # llama.chat_template. A built-in name needs --no-jinja: with Jinja on (the default) llama-server
+    # renders the name itself as the template (supervisor/chat_template.py).
+    Flag(("--chat-template",), _template_name),
+    Flag(("--no-jinja", "--jinja"), lambda s: True if _template_name(s) else None),
+    Flag(("--chat-template-file",), _template_file),
 )
 
 _VIA_ENV = "the per-boot secret travels in LLAMA_API_KEY, never in argv (visible to every user in ps)"

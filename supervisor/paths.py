@@ -21,6 +21,29 @@ def cache_root(env: dict[str, str] | None = None) -> Path:
     return base / "llamagate"
 
 
+def umask() -> int:
+    """The process umask, read without changing it (Linux reports it in /proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # Elsewhere the only way is to set it and put it back (a tiny race with other threads' files).
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` would give a new file: 0o666 less the umask (0o644 under the usual 022).
+
+    Files written atomically through ``tempfile.mkstemp`` (the receipt, the hash cache) would otherwise
+    stay 0600: a cache built by root, as in a container image, is then unreadable by the service user
+    that runs from it. Nothing in the cache is secret; the umask still lets an operator say otherwise."""
+    return 0o666 & ~umask()
+
+
 def default_lock_path() -> Path:
     """The lock shipped with the package; a checkout's top-level ``llama-build.lock`` wins when present."""
     here = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ from supervisor.artifacts import check_gguf, ensure_demo_model, sha256_file, ver
 from supervisor.budget import MIB, Budget, plan_budget
 from supervisor.build import ensure_binary, find_installed, version_output
 from supervisor.config_schema import Config
-from supervisor.demo_model import DEMO_MODEL_SHA256, demo_model_path
+from supervisor.demo_model import DEMO_MODEL_CHAT_TEMPLATE, DEMO_MODEL_SHA256, demo_model_path
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, StartupError
 from supervisor.gguf_info import ModelShape, read_shape
 from supervisor.identity import host_identity, served_identity
@@ -188,7 +188,19 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
         extra_args=llama.extra_args,
         prompt_cache_mib=llama.prompt_cache_mib,
         ctx_checkpoints=llama.ctx_checkpoints,
+        chat_template=chat_template_for(cfg),
     )
+
+
+def chat_template_for(cfg: Config) -> str | None:
+    """The configured template; unset, the demo model (whose GGUF has none, so llama-server would fall
+    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. The demo model
+    is recognised by its pinned digest too, wherever a config puts the file."""
+    llama = cfg.llama
+    if llama.chat_template is not None:
+        return llama.chat_template
+    demo = llama.model.path is None or llama.model.sha256 == DEMO_MODEL_SHA256
+    return DEMO_MODEL_CHAT_TEMPLATE if demo else None
 
 
 def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:

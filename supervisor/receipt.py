@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import CheckFailed
+from supervisor.paths import new_file_mode
 
 RECEIPT_FORMAT = 1
 RECEIPT_NAME = "receipt.json"
@@ -77,6 +78,8 @@ def write_receipt(receipt: Receipt, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600; the receipt is read by whoever runs the binary (paths.new_file_mode).
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(receipt.to_json(), fh, indent=2, sort_keys=True)
             fh.write("\n")

@@ -37,3 +37,12 @@ def demo_model() -> Path:
     from supervisor.progress import ConsoleProgress
 
     return ensure_demo_model(progress=ConsoleProgress())
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs_tool("nginx", ...)``: skip (fail under CI=true) when a system tool is missing."""
+    from tests.helpers.system import require_tool
+
+    for marker in item.iter_markers("needs_tool"):
+        for name in marker.args:
+            require_tool(name)

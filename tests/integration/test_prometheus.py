@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.child import free_port
 from tests.helpers.promtool import check_metrics
+from tests.helpers.system import require_tool
 from tests.integration.conftest import Daemon, DaemonFactory
 
 pytestmark = pytest.mark.integration
@@ -80,11 +81,7 @@ class Prometheus:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[[Daemon], Prometheus]]:
     """Start a Prometheus scraping a daemon's main listener every 2 s with its admin key."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail(
-            "prometheus not found: install the Debian package 'prometheus' (apt-get install -y prometheus)"
-        )
+    binary = require_tool("prometheus")
     started: list[subprocess.Popen[bytes]] = []
 
     def start(daemon: Daemon) -> Prometheus:

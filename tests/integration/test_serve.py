@@ -407,6 +407,10 @@ def test_serve_without_a_config_prints_a_key_and_a_call_that_works(
         )
         assert r.status_code == 200, r.text
         assert 0 < r.json()["usage"]["completion_tokens"] <= body["max_tokens"]
+        # The demo model answers in its own chat format, not in ChatML debris (llama.chat_template).
+        content = r.json()["choices"][0]["message"]["content"]
+        debris = ("<|im_end|>", "<|im_start|>", "<start_of_turn>", "<end_of_turn>")
+        assert not [t for t in debris if t in content], content
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

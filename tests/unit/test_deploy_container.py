@@ -187,3 +187,11 @@ def test_final_stage_is_slim_non_root_and_healthchecked(containerfile: str) -> N
     entry = json.loads(words["ENTRYPOINT"]) + json.loads(words["CMD"])
     assert entry[0] == "llamagate" and callable(parser.parse_args(entry[1:]).func)
     assert "/models" in words["VOLUME"]
+
+
+def test_every_documented_podman_build_keeps_the_healthcheck() -> None:
+    """podman's default OCI format drops HEALTHCHECK and SHELL: podman builds shown pass --format docker."""
+    docs = (REPO / "docs" / "deploy.md").read_text() + CONTAINERFILE.read_text()
+    builds = re.findall(r"podman build[^\n]*", docs)
+    assert builds, "docs/deploy.md shows how to build the image with podman"
+    assert [b for b in builds if "--format docker" not in b] == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from supervisor.cli import build_parser
 from supervisor.config_schema import Config
 from supervisor.errors import ConfigError
+from tests.helpers.system import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "systemd" / "llamagate.service"
@@ -32,9 +32,7 @@ HARDENING_PREFIXES = (
 
 
 def systemd_analyze() -> str:
-    tool = shutil.which("systemd-analyze")
-    assert tool, "systemd-analyze is needed (Debian package `systemd`)"
-    return tool
+    return require_tool("systemd-analyze")
 
 
 def directives(text: str) -> dict[str, list[str]]:

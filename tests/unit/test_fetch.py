@@ -3,6 +3,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import json
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +13,8 @@ from typing import Any
 import pytest
 
 from supervisor import fetch
-from supervisor.errors import FetchError
-from supervisor.fetch import fetch_source, pip_download
+from supervisor.errors import FetchError, ToolMissing
+from supervisor.fetch import Pip, fetch_source, find_pip, pip_download
 from supervisor.lock import load_lock
 from supervisor.progress import NullProgress
 from supervisor.subproc import RunResult
@@ -163,7 +165,8 @@ def test_pip_download_reports_overall_progress(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(fetch, "run_streaming", fake_run)
     rec = Recorder()
-    files = pip_download(["a==1", "b==1"], tmp_path, progress=rec, stage="dl", sdist=False)
+    pip = Pip(argv=(sys.executable, "-m", "pip"), version=(25, 0))
+    files = pip_download(["a==1", "b==1"], tmp_path, progress=rec, stage="dl", sdist=False, pip=pip)
     assert files == [tmp_path / "a-1-py3-none-any.whl"]
     fractions = [f for s, f, _ in rec.updates if s == "dl" and f is not None]
     assert fractions == [0.0, 0.25, 0.5, 0.5, 0.75]
@@ -176,4 +179,86 @@ def test_pip_failure_shows_pips_last_lines(tmp_path: Path, monkeypatch: pytest.M
         fetch, "run_streaming", lambda argv, **kw: RunResult(1, ("ERROR: No matching distribution",))
     )
     with pytest.raises(FetchError, match=r"(?s)exit 1.*No matching distribution"):
-        pip_download(["nope==1"], tmp_path, progress=NullProgress(), stage="dl")
+        pip_download(["nope==1"], tmp_path, progress=NullProgress(), stage="dl", pip=Pip(("pip",), (25, 0)))
+
+
+# --- the pip a fresh venv brings (Debian 12: 23.0.1) and a current one, through a fake pip that parses
+# options like that version does (tests/fakes/fake_pip.py).
+
+FAKE_PIP = Path(__file__).resolve().parents[1] / "fakes" / "fake_pip.py"
+SDIST_LOCK = """format = 1
+[llama_cpp]
+commit = "{commit}"
+version_line = "{version_line}"
+[build]
+target = "llama-server"
+cmake_args = []
+[[source]]
+kind = "pypi-sdist"
+package = "llama-cpp-python"
+version = "0.3.36"
+sha256 = "{sha}"
+subdir = "llama.cpp-fake"
+"""
+
+
+def _fake_pip(tmp_path: Path, version: str) -> tuple[tuple[str, ...], Path, str]:
+    """argv of a fake pip of ``version`` serving a fake llama-cpp-python sdist; (argv, folder, sha)."""
+    served = tmp_path / f"index-{version}"
+    served.mkdir()
+    tb, sha = _tarball(tmp_path)
+    (served / "llama-cpp-python").write_bytes(tb.read_bytes())
+    return (sys.executable, str(FAKE_PIP), "--as", version, "--serve", str(served)), served, sha
+
+
+def _calls(served: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (served / "calls.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("version", ["23.0.1", "23.2.1", "24.0", "24.1", "25.3"])
+def test_the_source_fetch_works_with_old_and_current_pip(tmp_path: Path, version: str) -> None:
+    argv, served, sha = _fake_pip(tmp_path, version)
+    lock_path = tmp_path / "l.lock"
+    lock_path.write_text(SDIST_LOCK.format(commit=COMMIT, version_line=VERSION_LINE, sha=sha))
+    lock = load_lock(lock_path)
+    rec = Recorder()
+    got = fetch_source(lock, root=tmp_path / "cache", progress=rec, pip=find_pip(argv))
+    assert hashlib.sha256(got.tarball.read_bytes()).hexdigest() == sha and not got.cache_hit
+    download = _calls(served)[-1]
+    raw = version not in ("23.0.1", "23.2.1", "24.0")
+    assert download[download.index("--progress-bar") + 1] == ("raw" if raw else "off")
+    # Only the package itself as an sdist: its build dependencies may come as wheels.
+    assert download[download.index("--no-binary") + 1] == "llama-cpp-python"
+    details = [d for s, _, d in rec.updates if s == "download source"]
+    assert any(d.startswith("Downloading llama-cpp-python-0.3.36.tar.gz") for d in details)
+    assert any(d.startswith("Installing build dependencies") for d in details)
+    assert not any("Building wheel" in d for d in details)
+    byte_progress = [d for d in details if d.startswith("file 1 of 1")]
+    assert bool(byte_progress) == raw
+    # No byte progress: no made-up percentage either (a "0%" download would look stuck).
+    fractions = {f for s, f, _ in rec.updates if s == "download source" and f != 1.0}
+    if raw:
+        assert None not in fractions and 0.0 in fractions and any(0 < f < 1 for f in fractions if f)
+    else:
+        assert fractions == {None}
+
+
+def test_raw_progress_on_pip_23_is_what_pip_23_refuses(tmp_path: Path) -> None:
+    """The fake is faithful: asking pip 23 for raw progress fails as it did on a fresh Debian 12."""
+    argv, _, _ = _fake_pip(tmp_path, "23.0.1")
+    wrong = Pip(argv=argv, version=(24, 1))  # a caller that assumed a new pip
+    with pytest.raises(FetchError, match=r"invalid choice: 'raw' \(choose from 'on', 'off'\)"):
+        pip_download(
+            ["llama-cpp-python==0.3.36"], tmp_path / "d", progress=NullProgress(), stage="dl", pip=wrong
+        )
+
+
+def test_find_pip_reads_the_version_of_the_pip_it_will_run(tmp_path: Path) -> None:
+    argv, _, _ = _fake_pip(tmp_path, "23.2.1")
+    assert find_pip(argv) == Pip(argv=argv, version=(23, 2))
+    assert find_pip().version >= (23, 0)  # this interpreter's own pip
+
+
+def test_a_python_without_pip_is_named_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ToolMissing, match=r"pip not found for .*No module named nopip_here.*ensurepip"):
+        find_pip((sys.executable, "-m", "nopip_here"))

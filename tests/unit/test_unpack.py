@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from supervisor import unpack
+from supervisor.errors import CheckFailed
 from supervisor.unpack import UnsafeArchive, safe_extract
 
 
@@ -82,3 +87,85 @@ def test_a_file_that_is_not_a_tarball_is_a_clear_error(tmp_path: Path) -> None:
     bogus.write_bytes(b"not a tarball")
     with pytest.raises(Exception, match="cannot unpack"):
         safe_extract(bogus, tmp_path / "out")
+
+
+# --- Python 3.11.0-3.11.3 (Debian 12's python3 is 3.11.2): tarfile without extraction filters.
+
+
+class _TarFileWithoutFilters(tarfile.TarFile):
+    def extractall(  # type: ignore[override]
+        self, path: Any = ".", members: Any = None, *, numeric_owner: bool = False
+    ) -> None:
+        """3.11.2's signature: no ``filter`` argument (passing one is a TypeError), no filtering."""
+        super().extractall(path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+
+
+_FILTER_NAMES = {"data_filter", "tar_filter", "fully_trusted_filter", "FilterError"}
+
+
+@pytest.fixture
+def old_tarfile(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    fake = types.ModuleType("tarfile")
+    for name in dir(tarfile):
+        if name not in _FILTER_NAMES and not name.endswith("FilterError"):
+            setattr(fake, name, getattr(tarfile, name))
+    fake.open = _TarFileWithoutFilters.open  # type: ignore[attr-defined]
+    fake.TarFile = _TarFileWithoutFilters  # type: ignore[attr-defined]
+    monkeypatch.setattr(unpack, "tarfile", fake)
+    assert not unpack.has_filters()
+    return fake
+
+
+def test_without_tarfile_filters_a_normal_tree_is_extracted(
+    old_tarfile: types.ModuleType, tmp_path: Path
+) -> None:
+    suid = _file("top/suid")
+    suid.mode = 0o4777
+    tb = _tar(
+        tmp_path / "ok.tar.gz",
+        [
+            _file("top/a.txt"),
+            suid,
+            _link("top/sub/l", "../a.txt", tarfile.SYMTYPE),
+            _link("top/h", "top/a.txt", tarfile.LNKTYPE),
+        ],
+    )
+    dest = tmp_path / "out"
+    safe_extract(tb, dest)
+    assert (dest / "top/a.txt").read_bytes() == b"xxx"
+    assert (dest / "top/sub/l").read_bytes() == b"xxx"
+    assert (dest / "top/h").read_bytes() == b"xxx"
+    # What the data filter would have done: no setuid bit, no group/other write.
+    assert (dest / "top/suid").stat().st_mode & 0o7777 == 0o755
+    assert (dest / "top/a.txt").stat().st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        (_file("/etc/evil"), "absolute path"),
+        (_file("top/../../escaped.txt"), "outside the target folder"),
+        (_link("top/l", "/etc/passwd", tarfile.SYMTYPE), "symlink 'top/l' pointing outside"),
+        (_link("top/h", "../x", tarfile.LNKTYPE), "hardlink 'top/h'"),
+        (_link("top/fifo", "", tarfile.FIFOTYPE), "special file"),
+    ],
+)
+def test_without_tarfile_filters_unsafe_members_are_still_refused(
+    old_tarfile: types.ModuleType, tmp_path: Path, member: tarfile.TarInfo, message: str
+) -> None:
+    tb = _tar(tmp_path / "evil.tar.gz", [_file("top/a.txt"), member])
+    dest = tmp_path / "work" / "out"
+    with pytest.raises(UnsafeArchive, match=message):
+        safe_extract(tb, dest)
+    assert list(dest.iterdir()) == []
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_without_tarfile_filters_a_corrupt_tarball_is_a_clear_error(
+    old_tarfile: types.ModuleType, tmp_path: Path
+) -> None:
+    bogus = tmp_path / "x.tar.gz"
+    bogus.write_bytes(b"not a tarball")
+    with pytest.raises(CheckFailed, match="cannot unpack") as info:
+        safe_extract(bogus, tmp_path / "out")
+    assert not isinstance(info.value, UnsafeArchive)
