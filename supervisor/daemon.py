@@ -275,6 +275,8 @@ class Daemon:
                     self._hup.set()
                 else:
                     log.info(f"{name} received")
+                    if sig == signal.SIGINT and self.exit_code == 0:
+                        self.exit_code = 130  # Ctrl-C: 128 + SIGINT, as every command exits after it
                     self.request_stop(name)
         finally:
             self._reloader.cancel()
