@@ -145,5 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
         sys.stdout = stdout
 
+
 if __name__ == "__main__":
     raise SystemExit(main())
