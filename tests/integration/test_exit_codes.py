@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -55,3 +56,23 @@ def test_the_example_config_passes_config_check_after_the_documented_steps() -> 
     checked = _cli("config", "check", "--config", str(REPO / "deploy" / "config.example.yaml"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "checked on this host: binary, model file and sha256, memory budget" in checked.stdout
+
+
+def test_verify_json_into_a_closed_pipe_ends_quietly(llama_server_binary: Path) -> None:
+    # `llamagate verify --json | head -0`: the reader is gone before the first write.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor", "verify", "--json", "--no-serve"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=REPO,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
