@@ -132,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     stdout = sys.stdout
-    sys.stdout = _QuietPipe(stdout)
+    quiet = _QuietPipe(stdout) if stdout is not None else None  # None: no stdout at all (pythonw)
+    if quiet is not None:
+        sys.stdout = quiet
     try:
         return func(args)
     except LlamagateError as exc:
@@ -142,8 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("llamagate: interrupted", file=sys.stderr)
         return 130
     finally:
-        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
-        sys.stdout = stdout
+        if quiet is not None:
+            quiet.flush()  # what is still buffered meets a closed pipe here, not at exit
+            sys.stdout = stdout
 
 
 if __name__ == "__main__":
