@@ -81,6 +81,7 @@ class Readyz:
         if snap.ready:
             await send_json(send, 200, body)
         else:
+            scope[SCOPE_KEY].outcome = "not_ready"  # the access log must not call a failed probe ok
             body["retry_after_s"] = snap.retry_after_s
             retry = NotReady("", snap.retry_after_s).headers["retry-after"].encode()
             await send_json(send, 503, body, [(b"retry-after", retry)])

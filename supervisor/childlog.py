@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 
 # llama-server's log lines: "0.02.593.227 I srv  load_model: ...": the letter is the level.
 LLAMA_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([DIWE]) ")
@@ -70,3 +71,28 @@ def is_error(line: str) -> bool:
     """llama-server's E level, or an unprefixed line that says error (ggml aborts, exceptions)."""
     m = LLAMA_LINE.match(line)
     return (m is not None and m.group(1) == "E") or (m is None and "error" in line.lower())
+
+
+# llama.cpp's notice on a build without GPU support, printed whatever -ngl is. With gpu_layers 0 (the
+# supervisor always passes -ngl) it says nothing an operator can act on, and it would lead every
+# failure's log tail (seen with the pinned build: these three lines, then the real error).
+_NO_GPU_NOTICE = (
+    "warning: no usable GPU found, --gpu-layers option will be ignored",
+    "warning: one possible reason is that llama.cpp was compiled without GPU support",
+    "warning: consult docs/build.md for compilation instructions",
+)
+
+
+def is_noise(line: str, *, gpu_layers: int) -> bool:
+    """A known line that says nothing about this child's health, kept out of the tail of failures."""
+    return gpu_layers == 0 and line.strip() in _NO_GPU_NOTICE
+
+
+def first_error(lines: Iterable[str], limit: int = 300) -> str | None:
+    """The first error line among ``lines`` (the root cause more often than the last: llama-server
+    ends a failed load with "exiting due to model loading error"), without its time and level."""
+    for line in lines:
+        if is_error(line):
+            text = LLAMA_LINE.sub("", line).strip()
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return None

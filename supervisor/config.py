@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -23,7 +24,7 @@ import yaml
 
 from supervisor.chat_template import is_builtin
 from supervisor.config_rules import cross_check
-from supervisor.config_schema import Config, NameOrPath
+from supervisor.config_schema import Config, NameOrPath, ProxyConfig
 from supervisor.errors import ConfigError
 
 CONFIG_ENV = "LLAMAGATE_CONFIG"
@@ -40,6 +41,7 @@ class _Missing:
 
 
 _MISSING = _Missing()
+_LARGEST = 2**53  # beyond it a number is a typo, and floats lose integer precision
 
 
 class _Loader(yaml.SafeLoader):
@@ -78,16 +80,44 @@ def resolve_config_path(explicit: str | Path | None, env: Mapping[str, str] | No
 def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Config:
     if path is None:
         return Config()
+    return parse_config(_read(path), source=str(path), base_dir=path.resolve().parent, env=env)
+
+
+def load_proxy_config(path: Path | None, env: Mapping[str, str] | None = None) -> ProxyConfig:
+    """Only the ``proxy`` section, checked alone: for commands that need just the listener
+    (``status``), run where the other sections' ``${VAR}``s (a model's digest...) are not set."""
+    if path is None:
+        return ProxyConfig()
+    raw = _parse_yaml(_read(path), str(path))
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError(["config: must be a mapping of keys to values"], str(path))
+    section = _substitute({"proxy": raw.get("proxy", {})}, "", os.environ if env is None else env, problems)
+    proxy = _Converter(path.resolve().parent, problems).value(ProxyConfig, section["proxy"], "proxy")
+    if problems:
+        raise ConfigError(problems, str(path))
+    assert isinstance(proxy, ProxyConfig)
+    return proxy
+
+
+def _read(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError([f"cannot read: {exc.strerror or exc}"], source=str(path)) from exc
-    return parse_config(text, source=str(path), base_dir=path.resolve().parent, env=env)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        bad = data[exc.start : exc.start + 1].hex()
+        where = f"line {line}, column {column}"
+        raise ConfigError(
+            [f"{where}: byte 0x{bad} is not UTF-8 (save the file as UTF-8)"], str(path)
+        ) from None
 
 
-def parse_config(
-    text: str, *, source: str = "config", base_dir: Path | None = None, env: Mapping[str, str] | None = None
-) -> Config:
+def _parse_yaml(text: str, source: str) -> Any:
     try:
         raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except yaml.MarkedYAMLError as exc:
@@ -96,8 +126,13 @@ def parse_config(
         raise ConfigError([f"{where}{exc.problem or exc.context or 'invalid YAML'}"], source) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([f"invalid YAML: {exc}"], source) from exc
-    if raw is None:
-        raw = {}
+    return {} if raw is None else raw
+
+
+def parse_config(
+    text: str, *, source: str = "config", base_dir: Path | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    raw = _parse_yaml(text, source)
     problems: list[str] = []
     raw = _substitute(raw, "", os.environ if env is None else env, problems)
     conv = _Converter(base_dir or Path.cwd(), problems)
@@ -110,6 +145,17 @@ def parse_config(
         raise ConfigError(problems, source)
     assert isinstance(config, Config)
     return config
+
+
+def _null_problem(tp: Any, path: str) -> str:
+    """What to write instead of an empty value: ``proxy:`` with nothing under it is YAML's null."""
+    if dataclasses.is_dataclass(tp):
+        if path.endswith("]"):
+            return "is empty (null): give its keys, or remove the item"
+        return "is empty (null): give its keys, or remove the line to keep the defaults"
+    if typing.get_origin(tp) is tuple:
+        return "is empty (null): write a list (e.g. [] for none), or remove the line to keep the default"
+    return "must not be null"
 
 
 def _join(path: str, key: str) -> str:
@@ -164,7 +210,7 @@ class _Converter:
             inner = [a for a in typing.get_args(tp) if a is not type(None)]
             return None if raw is None else self.value(inner[0], raw, path)
         if raw is None:
-            self.bad(path, "must not be null")
+            self.bad(path, _null_problem(tp, path))
             return None
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             return self.dataclass(tp, raw, path)
@@ -173,7 +219,10 @@ class _Converter:
                 self.bad(path, "must be a list")
                 return ()
             item = typing.get_args(tp)[0]
-            return tuple(self.value(item, v, f"{path}[{i}]") for i, v in enumerate(raw))
+            items = (self.value(item, v, f"{path}[{i}]") for i, v in enumerate(raw))
+            # A null or unset item was reported; dropping it keeps the cross-field rules (which
+            # read every item) away from a None where a value must be.
+            return tuple(v for v in items if v is not None)
         if origin is Literal:
             choices = typing.get_args(tp)
             if raw not in choices:
@@ -193,11 +242,23 @@ class _Converter:
             return False
         if tp is int:
             if isinstance(raw, int) and not isinstance(raw, bool):
+                if abs(raw) > _LARGEST:
+                    # Budget arithmetic mixes ints and floats: 1e400 tokens would overflow it.
+                    self.bad(path, f"is too large (got {raw!r})")
+                    return 0
                 return raw
             self.bad(path, f"must be an integer (got {raw!r})")
             return 0
         if tp is float:
+            if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > _LARGEST:
+                self.bad(path, f"is too large (got {raw!r})")
+                return 0.0
             if isinstance(raw, int | float) and not isinstance(raw, bool):
+                if not math.isfinite(raw):
+                    # .inf would pass every "> 0" check and overflow a timer later; .nan fails them
+                    # with a confusing message.
+                    self.bad(path, f"must be a finite number (got {raw!r})")
+                    return 0.0
                 return float(raw)
             self.bad(path, f"must be a number (got {raw!r})")
             return 0.0
@@ -242,6 +303,8 @@ class _Converter:
             check = fld.metadata.get("check")
             if raw[name] is _MISSING:
                 continue  # reported by the substitution; the default stands in
+            if value is None and len(self.problems) > before:
+                continue  # a null where a value must be: reported; the default stands in
             if len(self.problems) == before and check is not None and value is not None:
                 message = check(value)
                 if message:

@@ -20,7 +20,7 @@ import shutil
 import signal
 import socket
 from collections.abc import Iterator, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import uvicorn
 from proxy.app import create_app
 from proxy.settings import KeyEntry
 from supervisor.config import load_config
+from supervisor.config_diff import diff as _diff
 from supervisor.config_schema import Config
 from supervisor.driver import ChildSupervisor
 from supervisor.errors import ConfigError, LlamagateError
@@ -72,19 +73,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.setblocking(False)
     return sock
-
-
-def _diff(old: object, new: object, prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for f in fields(old):  # type: ignore[arg-type]
-        a, b = getattr(old, f.name), getattr(new, f.name)
-        if a == b:
-            continue
-        if hasattr(a, "__dataclass_fields__") and hasattr(b, "__dataclass_fields__"):
-            out.extend(_diff(a, b, f"{prefix}{f.name}."))
-        else:
-            out.append(f"{prefix}{f.name}: {a!r} -> {b!r}")
-    return out
 
 
 class Daemon:
@@ -275,6 +263,8 @@ class Daemon:
                     self._hup.set()
                 else:
                     log.info(f"{name} received")
+                    if sig == signal.SIGINT and self.exit_code == 0:
+                        self.exit_code = 130  # Ctrl-C: 128 + SIGINT, as every command exits after it
                     self.request_stop(name)
         finally:
             self._reloader.cancel()

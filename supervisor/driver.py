@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.readiness import UpstreamSnapshot
-from supervisor.childlog import LineFilter, is_error
+from supervisor.childlog import LineFilter, first_error, is_error, is_noise
 from supervisor.gate import readiness_gate
 from supervisor.launch import CHILD_HOST, LaunchSpec, build_argv, build_env, new_secret
 from supervisor.osseam import ChildHandle, ChildOs, Probes, ProbeUnreachable, ProbeWrongAnswer, describe_exit
@@ -355,6 +355,8 @@ class ChildSupervisor:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(pump), 2.0)
         description = describe_exit(rc, we_killed=child.killed_by_us)
+        if rc > 0 and not child.killed_by_us and (said := first_error(self.tail)):
+            description = f"{description}: {said}"  # the child's own words say why, not only how
         log.log(
             logging.INFO if child.killed_by_us or rc == 0 else logging.WARNING,
             f"llama-server {description}",
@@ -385,7 +387,8 @@ class ChildSupervisor:
         line = child.scrub(text) if text else None
         if not line:
             return
-        self.tail.append(line)
+        if not is_noise(line, gpu_layers=child.spec.gpu_layers):
+            self.tail.append(line)
         # DEBUG noise unless they report an error.
         child_log.log(
             logging.WARNING if is_error(line) else logging.DEBUG,

@@ -4,6 +4,7 @@
     ├── UsageError                 exit 2  bad command line
     ├── ConfigError                exit 2  bad config file; carries every problem found, by path
     ├── LockError                  exit 2  malformed llama-build.lock; names the field
+    ├── Misconfigured              exit 2  a valid config naming what this host lacks or cannot hold
     ├── ToolMissing                exit 1  compiler / cmake / pip not installed; says what to install
     ├── CheckFailed                exit 1  a verification failed; says expected versus found
     │   ├── DigestMismatch                 sha256 of a file is not the pinned one
@@ -41,6 +42,15 @@ class ConfigError(LlamagateError):
 
 
 class LockError(LlamagateError):
+    exit_code = 2
+
+
+class Misconfigured(LlamagateError):
+    """The configuration parses, but names what is not there or does not fit: a model file missing,
+    not a GGUF or with another sha256, a binary missing, a memory budget that does not fit. Found at
+    start, before anything runs; retrying cannot help, so it exits 2 (the systemd unit's
+    ``RestartPreventExitStatus=2`` then stops retrying) where a crash exits 1."""
+
     exit_code = 2
 
 

@@ -36,16 +36,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, separators=(",", ":"))
 
 
+def one_line(text: str) -> str:
+    """Newlines escaped: one record is one line, so a journal, grep or a log shipper never reads the
+    second line of a traceback or of the child's log tail as a record of its own."""
+    return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
+        base = one_line(super().format(record))  # the message, and a traceback when there is one
         fields = _fields(record)
         if not fields:
             return base
-        return base + " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return base + " " + " ".join(f"{k}={one_line(str(v))}" for k, v in fields.items())
 
 
 def setup(fmt: LogFormat = "text", level: str | int = "INFO") -> None:

@@ -19,7 +19,7 @@ from supervisor.budget import MIB, Budget, plan_budget
 from supervisor.build import ensure_binary, find_installed, version_output
 from supervisor.config_schema import Config
 from supervisor.demo_model import DEMO_MODEL_CHAT_TEMPLATE, DEMO_MODEL_SHA256, demo_model_path
-from supervisor.errors import BuildError, CheckFailed, DigestMismatch, StartupError
+from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
 from supervisor.gguf_info import ModelShape, read_shape
 from supervisor.identity import host_identity, served_identity
 from supervisor.launch import LaunchSpec, budget_flags
@@ -94,13 +94,13 @@ def resolve_binary(
             installed = found
         return Binary(installed.path, installed.receipt.binary_sha256, _build_facts(installed.receipt))
     if not explicit.is_file():
-        raise CheckFailed(f"llama.binary: not a file: {explicit}")
+        raise Misconfigured(f"llama.binary: not a file: {explicit}")
     if not os.access(explicit, os.X_OK):
-        raise CheckFailed(f"llama.binary: not executable: {explicit}")
+        raise Misconfigured(f"llama.binary: not executable: {explicit}")
     digest = sha256_file(explicit, cache=cache)
     expected = cfg.llama.binary_sha256
     if expected is not None and digest != expected:
-        raise DigestMismatch(f"llama.binary {explicit}", expected, digest)
+        raise Misconfigured(f"llama.binary_sha256: {DigestMismatch(str(explicit), expected, digest)}")
     # A binary from llamagate's cache named explicitly still has its receipt beside it.
     receipt_path = explicit.parent / RECEIPT_NAME
     if receipt_path.is_file():
@@ -129,12 +129,17 @@ def resolve_model(cfg: Config, *, progress: Progress, cache: Path | None = None,
                 )
             verify_model(path, DEMO_MODEL_SHA256, cache=cache)
         digest = DEMO_MODEL_SHA256
-    else:
-        assert m.sha256 is not None  # config validation requires it with a path
+        check_gguf(path)
+        return Model(path=path, sha256=digest, size=path.stat().st_size, shape=read_shape(path))
+    assert m.sha256 is not None  # config validation requires it with a path
+    try:
         verify_model(m.path, m.sha256, cache=cache)
-        path, digest = m.path, m.sha256
-    check_gguf(path)
-    return Model(path=path, sha256=digest, size=path.stat().st_size, shape=read_shape(path))
+        shape = read_shape(m.path)
+    except DigestMismatch as exc:
+        raise Misconfigured(f"llama.model.sha256: {exc}") from None
+    except CheckFailed as exc:  # missing, a directory, unreadable, not a GGUF
+        raise Misconfigured(f"llama.model.path: {exc}") from None
+    return Model(path=m.path, sha256=m.sha256, size=m.path.stat().st_size, shape=shape)
 
 
 def default_threads() -> int:
@@ -241,7 +246,7 @@ def prepare(
     model = resolve_model(cfg, progress=progress, cache=cache, fetch=fetch)
     budget = budget_for(cfg, model, extra_available=extra_available)
     if not budget.fits:
-        raise StartupError(budget.refusal())
+        raise Misconfigured(budget.refusal())
     shape = model.shape
     if shape.n_ctx_train is not None and cfg.llama.ctx_per_slot > shape.n_ctx_train:
         log.warning(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from supervisor.config import CONFIG_ENV, load_config, resolve_config_path
 from supervisor.errors import ConfigError
@@ -19,8 +20,19 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("config", help="check a configuration file")
     sub = parser.add_subparsers(dest="config_command", metavar="ACTION")
-    check = sub.add_parser("check", help="validate every field; exit 0 when valid, 2 with the problems")
+    check = sub.add_parser(
+        "check",
+        help="validate every field, and that serve would start here; exit 0 ok, 2 with the problems",
+        description="Validates every field, then (unless --offline) what serve and plan would refuse on "
+        "this host: the model file (present, a GGUF, its sha256), the binary, the memory budget. "
+        "Nothing is started, built or downloaded.",
+    )
     add_config_argument(check)
+    check.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the file only, not the model, binary and memory budget (e.g. on another machine)",
+    )
     check.set_defaults(func=_check)
 
     def _usage(args: argparse.Namespace) -> int:
@@ -30,20 +42,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=_usage)
 
 
+def _report(name: str, problems: Sequence[str]) -> int:
+    print(f"{name}: {len(problems)} problem(s):")
+    for problem in problems:
+        print(f"  {problem}")
+    return 2
+
+
 def _check(args: argparse.Namespace) -> int:
     path = resolve_config_path(args.config)
-    if path is None:
-        print("no config file given: the embedded default is used (and is valid)")
-        return 0
+    name = str(path) if path is not None else "embedded default (no config file)"
     try:
         cfg = load_config(path)
     except ConfigError as exc:
-        print(f"{path}: {len(exc.problems)} problem(s):")
-        for problem in exc.problems:
-            print(f"  {problem}")
-        return 2
+        return _report(name, exc.problems)
+    if args.offline:
+        scope = "the file only (--offline)"
+    else:
+        from supervisor.startcheck import check_host  # imports prepare: only when needed
+
+        host = check_host(cfg)
+        if host.problems:
+            return _report(name, host.problems)
+        scope = "checked on this host: " + (", ".join(host.checked) or "nothing yet")
     print(
-        f"{path}: ok ({len(cfg.tenants)} tenant(s), {len(cfg.keys)} key(s), "
-        f"{cfg.llama.slots} slots x {cfg.llama.ctx_per_slot} tokens)"
+        f"{name}: ok ({len(cfg.tenants)} tenant(s), {len(cfg.keys)} key(s), "
+        f"{cfg.llama.slots} slots x {cfg.llama.ctx_per_slot} tokens; {scope})"
     )
+    if not args.offline:
+        for note in host.notes:
+            print(f"  note: {note}")
     return 0

@@ -25,16 +25,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     new = sub.add_parser("new", help="print a new key once, and the lines to add under keys: in the config")
     new.add_argument("--tenant", required=True, help="tenant the key belongs to (must exist under tenants:)")
-    new.add_argument("--admin", action="store_true", help="also allow admin routes (/slots, /metrics, ...)")
-    new.add_argument(
-        "--admin-only", action="store_true", help="admin routes only, no inference (for monitoring)"
-    )
+    _add_scope_flags(new)
     new.set_defaults(func=_new)
 
     hashed = sub.add_parser("hash", help="read a key on stdin, print its config entry")
     hashed.add_argument("--tenant", required=True)
-    hashed.add_argument("--admin", action="store_true")
-    hashed.add_argument("--admin-only", action="store_true")
+    _add_scope_flags(hashed)
     hashed.set_defaults(func=_hash)
 
     def _usage(args: argparse.Namespace) -> int:
@@ -42,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         return 2
 
     parser.set_defaults(func=_usage)
+
+
+def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
+    # One or the other: "--admin --admin-only" has no single meaning, so it is a usage error (exit 2).
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--admin", action="store_true", help="also allow admin routes (/slots, /metrics, ...)")
+    scope.add_argument(
+        "--admin-only", action="store_true", help="admin routes only, no inference (for monitoring)"
+    )
 
 
 def _scopes(args: argparse.Namespace) -> frozenset[Scope]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from supervisor.build import find_installed
@@ -51,6 +52,11 @@ def _plan(args: argparse.Namespace) -> int:
     argv = build_argv(spec)
     argv[argv.index("--port") + 1] = "<free port>"
     if args.systemd or args.kubernetes:
+        if not budget.fits:
+            # Nothing on stdout: limits for a daemon that will refuse to start would look usable
+            # (and `plan --systemd > memory.conf` would install them).
+            print(f"llamagate: error: no limits: {budget.refusal()}", file=sys.stderr)
+            return 1
         limits = ServiceLimits.from_budget(budget, spec.threads)
         print(limits.systemd_dropin() if args.systemd else limits.kubernetes_yaml(), end="")
         return 0 if budget.fits else 1

@@ -29,15 +29,34 @@ log = logging.getLogger("llamagate.serve")
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="run the daemon: supervised llama-server behind the proxy")
     add_config_argument(parser)
-    parser.add_argument("--host", help="override proxy.host")
-    parser.add_argument("--port", type=int, help="override proxy.port")
+    parser.add_argument("--host", type=_host, help="override proxy.host")
+    parser.add_argument("--port", type=_port, help="override proxy.port (1-65535)")
     parser.set_defaults(func=_serve)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if port == 0:
+        # Port 0 would bind a random port nobody was told about; say so rather than ignore it.
+        raise argparse.ArgumentTypeError("0 is not supported: give the port to listen on (1-65535)")
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
+
+
+def _host(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give an address, e.g. 127.0.0.1")
+    return text
 
 
 def _apply_logging(args: argparse.Namespace, cfg: Config) -> None:
     # The command line's --log-format json / --log-level win; otherwise the config's choice applies.
     fmt: logs.LogFormat = "json" if "json" in (args.log_format, cfg.logging.format) else "text"
-    level = args.log_level.upper() if args.log_level.upper() != "INFO" else cfg.logging.level
+    level = args.log_level or cfg.logging.level
     logs.setup(fmt, level)
 
 
@@ -75,8 +94,12 @@ llamagate: no API key in the configuration; this one is valid until the daemon s
 def _serve(args: argparse.Namespace) -> int:
     path = resolve_config_path(args.config)
     cfg = load_config(path)
-    if args.host or args.port:
-        proxy = replace(cfg.proxy, host=args.host or cfg.proxy.host, port=args.port or cfg.proxy.port)
+    if args.host is not None or args.port is not None:
+        proxy = replace(
+            cfg.proxy,
+            host=cfg.proxy.host if args.host is None else args.host,
+            port=cfg.proxy.port if args.port is None else args.port,
+        )
         cfg = replace(cfg, proxy=proxy)
     _apply_logging(args, cfg)
     sock = bind_listener(cfg.proxy.host, cfg.proxy.port)

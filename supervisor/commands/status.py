@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 
 from supervisor.commands.config import add_config_argument
-from supervisor.config import load_config, resolve_config_path
+from supervisor.config import load_proxy_config, resolve_config_path
+from supervisor.errors import UsageError
 
 URL_ENV = "LLAMAGATE_URL"
 KEY_ENV = "LLAMAGATE_ADMIN_KEY"
@@ -23,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--url",
-        help=f"daemon URL (default ${URL_ENV}, else proxy.host/port of --config, else 127.0.0.1:8080)",
+        help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
+        "--config, else 127.0.0.1:8080)",
     )
     add_config_argument(parser)
     parser.add_argument("--key", help=f"admin key, to show the identity (default ${KEY_ENV})")
@@ -49,26 +51,53 @@ def _default_url(args: argparse.Namespace) -> str:
     path = resolve_config_path(args.config)
     if path is None:
         return "http://127.0.0.1:8080"
-    proxy = load_config(path).proxy
+    proxy = load_proxy_config(path)  # the listener only: other sections' ${VAR}s need not be set here
     host = "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host  # noqa: S104 - reading, not binding
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{proxy.port}"
 
 
+def normalize_url(text: str) -> str:
+    """``127.0.0.1:8080`` means ``http://127.0.0.1:8080``; anything else that is not an http(s) URL
+    is a usage error that says what to write."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise UsageError(f"--url {text!r}: {exc}; write http://HOST:PORT") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"--url {text!r}: not an http(s) URL; write http://HOST:PORT")
+    return url
+
+
+def _unreachable(args: argparse.Namespace, url: str, error: str) -> int:
+    if args.json:
+        print(json.dumps({"url": url, "reachable": False, "error": error, "readyz": None, "identity": None}))
+    else:
+        print(f"unreachable: {error}")
+    return 2
+
+
 def _status(args: argparse.Namespace) -> int:
-    url = (args.url or _default_url(args)).rstrip("/")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout}: must be > 0 seconds")
+    url = normalize_url(args.url or _default_url(args))
     key = args.key or os.environ.get(KEY_ENV)
     with httpx.Client(timeout=args.timeout, trust_env=False) as client:
         try:
             response = client.get(f"{url}/readyz")
             ready_body = response.json()
         except httpx.HTTPError as exc:
-            print(f"unreachable: {url}: {type(exc).__name__}: {exc}")
-            return 2
+            return _unreachable(args, url, f"{url}: {type(exc).__name__}: {exc}")
         except ValueError:
             code = response.status_code
-            print(f"unreachable: {url}/readyz did not answer JSON (HTTP {code}); is this llamagate?")
-            return 2
+            return _unreachable(
+                args, url, f"{url}/readyz did not answer JSON (HTTP {code}); is this llamagate?"
+            )
+        if not isinstance(ready_body, dict):
+            return _unreachable(args, url, f"{url}/readyz did not answer a JSON object; is this llamagate?")
         identity: Any = None
         identity_error = None
         if key:
@@ -81,7 +110,8 @@ def _status(args: argparse.Namespace) -> int:
                 identity_error = str(exc)
     ready = bool(ready_body.get("ready")) and response.status_code == 200
     if args.json:
-        print(json.dumps({"url": url, "readyz": ready_body, "identity": identity}, indent=2))
+        out = {"url": url, "reachable": True, "readyz": ready_body, "identity": identity}
+        print(json.dumps(out, indent=2))
         return 0 if ready else 1
     print(f"{url}: {'READY' if ready else 'NOT READY'}")
     print(

@@ -254,7 +254,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 def test_a_budget_that_does_not_fit_is_refused_with_numbers(daemon_factory: DaemonFactory) -> None:
     # 64 slots x 131072 tokens: the global layers alone need ~24 GiB of KV.
     d = daemon_factory({"llama": {"slots": 64, "ctx_per_slot": 131072}}, wait_ready=False)
-    assert d.wait_exit() == 1
+    assert d.wait_exit() == 2  # a configuration mistake: systemd's RestartPreventExitStatus=2
     err = d.log_text()
     assert "memory budget does not fit: needs" in err
     weights_mib = Path(d.config["llama"]["model"]["path"]).stat().st_size / 2**20
@@ -268,7 +268,7 @@ def test_a_budget_that_does_not_fit_is_refused_with_numbers(daemon_factory: Daem
 
 def test_a_wrong_model_sha256_is_refused_before_launch(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory({"llama": {"model": {"sha256": "0" * 64}}}, wait_ready=False)
-    assert d.wait_exit() == 1
+    assert d.wait_exit() == 2
     err = d.log_text()
     assert "sha256 mismatch: expected " + "0" * 64 in err
     assert "starting llama-server" not in err
