@@ -5,6 +5,8 @@ FAILED daemon comes back with a SIGHUP once its config is fixed."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -24,6 +26,17 @@ def chat(d: Daemon) -> str:
             model="gemma-3-270m", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
         )
     return answer.choices[0].message.content or ""
+
+
+def status(d: Daemon) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--url", d.base_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout
 
 
 def last_reload(d: Daemon) -> Any:
@@ -49,6 +62,7 @@ def test_an_unknown_llama_flag_is_rejected_and_the_working_child_keeps_serving(
     assert (code, body["ready"], body["last_reload"]) == (200, True, expected)
     assert d.admin_status()["last_reload"] == expected
     assert expected in d.log_text()
+    assert f"last reload  {expected}" in status(d)
     # The binary judged the arguments before anything was stopped: same child, same generation.
     assert body["generation"] == 1 and d.child_pid == pid
     assert len(spawned_argvs(d)) == 1
@@ -91,6 +105,7 @@ def test_failed_says_how_to_recover_and_a_sighup_with_a_fixed_config_does(
     r = d._client.get(f"{d.base_url}/readyz")
     assert r.status_code == 503 and "retry-after" not in r.headers
     assert "retry_after_s" not in body and "SIGHUP" in body["recovery"]
+    assert f"recovery     {body['recovery']}" in status(d)
     d.write_config({"llama": {"binary": str(daemon_factory.binary)}})
     d.signal(signal.SIGHUP)
     body = d.wait_ready()
