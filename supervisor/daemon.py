@@ -54,6 +54,11 @@ from supervisor.workdir import make_private_dir, sweep_stale
 
 log = logging.getLogger("llamagate.daemon")
 
+# The outcome of a reload as status and /readyz show it (the log has the details).
+_KEPT = "kept the previous settings"
+_INVALID = "the config file does not validate (see the daemon's log)"
+_NOT_VERIFIED = "the new llama settings did not verify or fit (see the daemon's log)"
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the daemon decides what a signal means."""
@@ -296,9 +301,12 @@ class Daemon:
                 await self.reload()
             except LlamagateError as exc:
                 log.error(f"SIGHUP: reload failed, still serving the previous settings: {exc}")
+                # /readyz is public: the details (paths, digests) stay in the log.
+                self.supervisor.last_reload = f"reload rejected: {_NOT_VERIFIED}; {_KEPT}"
             except Exception:
                 # Whatever went wrong, the next SIGHUP must still be served.
                 log.exception("SIGHUP: reload failed, still serving the previous settings")
+                self.supervisor.last_reload = f"reload failed (see the daemon's log); {_KEPT}"
 
     # --- SIGHUP --------------------------------------------------------------------------------------
     async def reload(self) -> None:
@@ -309,6 +317,7 @@ class Daemon:
             new = load_config(self.config_path)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded:\n" + "\n".join(f"  {p}" for p in exc.problems))
+            self.supervisor.last_reload = f"reload rejected: {_INVALID}; {_KEPT}"
             return
         old = self.cfg
         prepared = None
@@ -387,7 +396,7 @@ class Daemon:
 
     def _reject(self, reason: str) -> None:
         """Nothing of this reload is applied; say so in the log and in status and /readyz."""
-        message = f"reload rejected: {reason}; kept the previous settings"
+        message = f"reload rejected: {reason}; {_KEPT}"
         self.supervisor.last_reload = message
         log.error(f"SIGHUP: {message}")
 

@@ -16,6 +16,7 @@ import supervisor.daemon as daemon_mod
 from supervisor.config import load_config
 from supervisor.config_schema import Config
 from supervisor.daemon import Daemon
+from supervisor.errors import StartupError
 from supervisor.osseam import ServedModel
 from supervisor.preflight import error_line, refused_arguments
 from supervisor.prepare import Prepared
@@ -209,3 +210,26 @@ def test_error_line_prefers_the_error() -> None:
     assert error_line(out, 1) == 'error while handling argument "-c": stoi'
     assert error_line("something odd\nlast words\n", 1) == "last words"
     assert error_line("", 134) == "exited with code 134"
+
+
+async def test_a_reload_refused_before_the_child_says_so_without_details(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h.path.write_text("llama:\n  slots: 0\n")
+    await h.daemon.reload()
+    invalid = "the config file does not validate (see the daemon's log)"
+    assert h.sup.last_reload == f"reload rejected: {invalid}; kept the previous settings"
+
+    def wrong_sha(*args: object, **kwargs: object) -> Prepared:
+        raise StartupError("/models/secret-name.gguf: sha256 mismatch")
+
+    monkeypatch.setattr(daemon_mod, "prepare", wrong_sha)
+    h.write("  slots: 3\n")
+    loop = asyncio.create_task(h.daemon._reload_on_hup())
+    try:
+        h.daemon._hup.set()
+        await until(lambda: "did not verify" in str(h.sup.last_reload), "the reload to be refused")
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert "secret-name" not in str(h.readyz_info()) and h.sup.machine.generation == 1
