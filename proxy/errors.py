@@ -145,8 +145,9 @@ class NotReady(ProxyError):
     code = "not_ready"
     outcome = "rejected:not_ready"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message, headers=_retry_after(retry_after_s))
+    def __init__(self, message: str, retry_after_s: float | None) -> None:
+        # None: no retry is scheduled (FAILED), so no Retry-After promises one.
+        super().__init__(message, headers=_retry_after(retry_after_s) if retry_after_s is not None else {})
 
 
 class UpstreamFailure(ProxyError):

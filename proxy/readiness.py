@@ -31,8 +31,9 @@ class UpstreamSnapshot:
     ctx_per_slot: int
     # Increments on every child boot; lets the proxy tell an old child's connections from a new one's.
     generation: int
-    # Honest estimate of when the child may be ready again (for 503 Retry-After), in seconds.
-    retry_after_s: float
+    # Honest estimate of when the child may be ready again (for 503 Retry-After), in seconds; None when
+    # no retry is scheduled at all (FAILED: only an operator brings it back), so none is promised.
+    retry_after_s: float | None
     # True when the child was started with --embeddings (then /v1/embeddings is routed).
     embeddings: bool = False
     # Extra non-secret status fields shown verbatim on /readyz (e.g. uptime_s, restarts, last_failure).

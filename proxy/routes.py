@@ -82,9 +82,11 @@ class Readyz:
             await send_json(send, 200, body)
         else:
             scope[SCOPE_KEY].outcome = "not_ready"  # the access log must not call a failed probe ok
-            body["retry_after_s"] = snap.retry_after_s
-            retry = NotReady("", snap.retry_after_s).headers["retry-after"].encode()
-            await send_json(send, 503, body, [(b"retry-after", retry)])
+            headers = NotReady("", snap.retry_after_s).headers
+            if snap.retry_after_s is not None:
+                body["retry_after_s"] = snap.retry_after_s
+            extra = [(k.encode(), v.encode()) for k, v in headers.items()]
+            await send_json(send, 503, body, extra)
 
 
 class Passthrough:

@@ -19,10 +19,12 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -108,7 +110,8 @@ async def spawn_tied(
     own_group: bool = True,
 ) -> asyncio.subprocess.Process:
     """Start a child that the kernel kills when this process dies; stderr joins stdout. Every
-    llama-server llamagate starts (the daemon's, verify's smoke test) goes through here."""
+    llama-server the daemon and verify's smoke test start goes through here; ``bench``'s synchronous
+    launches go through ``popen_tied``."""
     return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
@@ -119,6 +122,16 @@ async def spawn_tied(
         preexec_fn=_die_with_parent(os.getpid()),
         process_group=0 if own_group else None,
     )
+
+
+def popen_tied(argv: Sequence[str | Path], **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` for a child that the kernel kills when this process dies, even by SIGKILL:
+    the bare llama-servers and private daemons ``bench`` starts. ``Popen`` forks in the calling thread
+    and PDEATHSIG fires when that thread ends, so only the main thread (which lives as long as the
+    process) may call this; any other thread gets a RuntimeError rather than a tie that may break."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("popen_tied must run on the main thread (PDEATHSIG follows the forking thread)")
+    return subprocess.Popen([str(a) for a in argv], preexec_fn=_die_with_parent(os.getpid()), **popen)
 
 
 class RealOs:

@@ -5,6 +5,12 @@ enqueues the signal number; one task dispatches them (SIGTERM/SIGINT: stop, SIGH
 runs in a task of its own, never builds or downloads, and is cancelled (not applied) by a stop: a stop
 never waits behind a reload, and a reload applies whole or not at all.
 
+New llama settings must earn their place: the binary first parses the new command line while the
+working child still serves (``preflight``), then a child on them must pass the readiness gate; if it
+fails before that, the driver rolls back to the last settings that passed it, and the rest of the
+reload (tenants, keys, limits) is not applied either. Either way ``last_reload`` in status and
+/readyz says what happened (``reload rejected: ...; kept the previous settings``).
+
 Stop, in order: readiness goes false at once (the snapshot says "draining", so the proxy admits no new
 work and /readyz answers 503), in-flight requests drain up to ``proxy.drain_timeout_s`` (a second
 SIGTERM/SIGINT cuts that short), then the child gets SIGTERM, the grace period, SIGKILL, is reaped
@@ -35,9 +41,11 @@ from supervisor.driver import ChildSupervisor
 from supervisor.errors import ConfigError, LlamagateError
 from supervisor.gate import HttpProbes
 from supervisor.identity import flatten
+from supervisor.launch import build_argv, build_env, new_secret
 from supervisor.notify import Notifier, SystemdReporter, WatchdogFeeder
 from supervisor.observability import Observability
 from supervisor.osseam import ChildOs, Probes
+from supervisor.preflight import refused_arguments
 from supervisor.prepare import Prepared, prepare
 from supervisor.process import State
 from supervisor.progress import NullProgress
@@ -46,6 +54,11 @@ from supervisor.settings_map import proxy_settings
 from supervisor.workdir import make_private_dir, sweep_stale
 
 log = logging.getLogger("llamagate.daemon")
+
+# The outcome of a reload as status and /readyz show it (the log has the details).
+_KEPT = "kept the previous settings"
+_INVALID = "the config file does not validate (see the daemon's log)"
+_NOT_VERIFIED = "the new llama settings did not verify or fit (see the daemon's log)"
 
 
 class _Server(uvicorn.Server):
@@ -278,9 +291,12 @@ class Daemon:
                 await self.reload()
             except LlamagateError as exc:
                 log.error(f"SIGHUP: reload failed, still serving the previous settings: {exc}")
+                # /readyz is public: the details (paths, digests) stay in the log.
+                self.supervisor.last_reload = f"reload rejected: {_NOT_VERIFIED}; {_KEPT}"
             except Exception:
                 # Whatever went wrong, the next SIGHUP must still be served.
                 log.exception("SIGHUP: reload failed, still serving the previous settings")
+                self.supervisor.last_reload = f"reload failed (see the daemon's log); {_KEPT}"
 
     # --- SIGHUP --------------------------------------------------------------------------------------
     async def reload(self) -> None:
@@ -291,6 +307,7 @@ class Daemon:
             new = load_config(self.config_path)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded:\n" + "\n".join(f"  {p}" for p in exc.problems))
+            self.supervisor.last_reload = f"reload rejected: {_INVALID}; {_KEPT}"
             return
         old = self.cfg
         prepared = None
@@ -301,6 +318,16 @@ class Daemon:
             prepared = await asyncio.to_thread(
                 prepare, new, progress=NullProgress(), extra_available=rss, fetch=False
             )
+            # Then let the binary parse the new command line, while the working child still serves.
+            refused = await refused_arguments(
+                self.supervisor.os,
+                build_argv(prepared.spec),
+                build_env(new_secret(), self.workdir),
+                self.workdir,
+            )
+            if refused is not None:
+                self._reject(f"llama-server refused its arguments: {refused}")
+                return
         fixed = []
         if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
             new.proxy.host,
@@ -325,21 +352,43 @@ class Daemon:
                 logging=replace(new.logging, format=old.logging.format, level=old.logging.level),
             )
         changes = _diff(old, new)
-        keep_generated = not new.keys and new.proxy.anonymous_tenant is None
-        self.runtime.reload(proxy_settings(new, self.generated_keys if keep_generated else ()))
         if new.supervision != old.supervision:
-            self._apply_supervision(new)
+            self._apply_supervision(new)  # before the new child starts: its load runs under them
         if prepared is not None:
             llama_changes = "; ".join(_diff(old.llama, new.llama, "llama."))
-            self.supervisor.set_identity(prepared.identity)
-            self.supervisor.budget = prepared.budget.as_dict()
             log.warning(f"SIGHUP: llama settings changed, restarting llama-server: {llama_changes}")
-            self.supervisor.restart(f"llama settings changed: {llama_changes}", prepared.spec)
+            # The rest of the reload waits for the new child: applied with it, or not at all.
+            rejected = await self.supervisor.try_settings(
+                prepared.spec,
+                prepared.identity,
+                prepared.budget.as_dict(),
+                f"llama settings changed: {llama_changes}",
+            )
+            if rejected is not None:
+                if new.supervision != old.supervision:
+                    self._apply_supervision(old)
+                self._reject(rejected)
+                return
+        elif self.supervisor.state is State.FAILED:
+            # An operator's SIGHUP is the documented way out of FAILED, also when the cause was
+            # outside the config (memory, a file since restored): try again on the same settings.
+            log.warning("SIGHUP while FAILED: starting llama-server again")
+            self.supervisor.restart("SIGHUP while FAILED")
+        keep_generated = not new.keys and new.proxy.anonymous_tenant is None
+        self.runtime.reload(proxy_settings(new, self.generated_keys if keep_generated else ()))
+        # Only the outcome: /readyz needs no credentials, and the changes name tenants and keys.
+        self.supervisor.last_reload = "applied"
         self.cfg = new
         log.info(
             "SIGHUP: configuration reloaded",
             extra={"fields": {"changes": "; ".join(changes) if changes else "none"}},
         )
+
+    def _reject(self, reason: str) -> None:
+        """Nothing of this reload is applied; say so in the log and in status and /readyz."""
+        message = f"reload rejected: {reason}; {_KEPT}"
+        self.supervisor.last_reload = message
+        log.error(f"SIGHUP: {message}")
 
     def _apply_supervision(self, new: Config) -> None:
         s = new.supervision

@@ -5,6 +5,12 @@ health probe results, stop and restart requests) arrives as an event on one queu
 only ever touched from that task and there is no locking. Timers are the machine's own deadlines:
 the loop waits for the next event at most until the earliest one.
 
+New llama settings (SIGHUP) go through ``try_settings``: they take effect when the next child is
+spawned, and while the previous settings are known to pass the readiness gate the new child runs on
+trial; if it fails before the gate the machine answers ROLLBACK and the previous settings (argv,
+identity, budget) are put back before the next spawn. ``try_settings`` returns once the outcome is
+known, so the daemon applies the rest of a reload only with the settings that are actually served.
+
 Also the object the proxy reads (``UpstreamSource``: ``snapshot()``, ``identity()``) and the one
 metrics read (``state``, ``machine.restarts``, ``machine.failures``, ``load_seconds``,
 ``child_rss_bytes()``, ``child_cpu_seconds()``, ``budget``).
@@ -61,6 +67,28 @@ PROGRESS_CPU_SHARE = 0.05
 PROGRESS_READ_BYTES = 1 << 20
 
 
+# FAILED: nothing is retried until an operator acts, so /readyz promises no retry time but says this.
+RECOVERY = (
+    "nothing is retried automatically: fix the cause (see last_failure and the daemon's log), then send "
+    "SIGHUP (the daemon reloads its config and starts llama-server again) or restart the daemon"
+)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What one set of llama settings is served as: the child's argv template and what is reported."""
+
+    template: LaunchSpec
+    identity: Mapping[str, object]
+    budget: Mapping[str, object] | None
+
+
+@dataclass
+class _Trial:
+    outcome: asyncio.Future[str | None]
+    generation: int | None = None  # set when the child on trial is spawned
+
+
 @dataclass
 class _Child:
     generation: int
@@ -115,6 +143,11 @@ class ChildSupervisor:
         self._child: _Child | None = None
         self._last_port: int | None = None
         self._done = asyncio.Event()
+        self._good: _Settings | None = None  # the last settings whose child passed the readiness gate
+        self._proposed: _Settings | None = None  # applied at the next spawn
+        self._trial: _Trial | None = None
+        # The last reload's outcome for status and /readyz (set by the daemon): e.g. why it was rejected.
+        self.last_reload: str | None = None
 
     # --- what others read ----------------------------------------------------------------------------
     @property
@@ -158,6 +191,8 @@ class ChildSupervisor:
             "generation": m.generation,
             "child_pid": self.child_pid,
             "child_port": self._child.port if self.child_pid is not None and self._child else None,
+            "last_reload": self.last_reload,
+            **({"recovery": RECOVERY} if m.state is State.FAILED else {}),
         }
 
     def snapshot(self) -> UpstreamSnapshot:
@@ -181,15 +216,18 @@ class ChildSupervisor:
     def _public_status(self) -> dict[str, object]:
         """The part of ``status()`` that /readyz shows without credentials (no pid, no paths)."""
         s = self.status()
-        return {k: s[k] for k in ("uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds")}
+        keys = ("uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds", "last_reload")
+        return {k: s[k] for k in (*keys, "recovery") if k in s}
 
     def _reason(self) -> str | None:
         if self.draining:
             return "draining: the daemon is stopping"
         return self.machine.reason
 
-    def _retry_after(self) -> float:
+    def _retry_after(self) -> float | None:
         m, now = self.machine, self.os.now()
+        if m.state is State.FAILED:
+            return None  # no retry is scheduled: the answer says how to recover instead
         load = self.load_seconds if self.load_seconds is not None else 5.0
         if m.state is State.READY and not self.draining:
             return 0.0
@@ -199,7 +237,7 @@ class ChildSupervisor:
             return max(1.0, m.backoff_until - now + load)
         if m.state is State.UNHEALTHY:
             return max(1.0, self.health_interval_s)
-        return 30.0 if m.state in (State.FAILED, State.STOPPING, State.STOPPED) else 5.0
+        return 30.0 if m.state in (State.STOPPING, State.STOPPED) else 5.0
 
     # --- what others ask -----------------------------------------------------------------------------
     def post(self, event: Event) -> None:
@@ -215,6 +253,31 @@ class ChildSupervisor:
         if template is not None:
             self.template = template
         self.post(Restart(reason))
+
+    async def try_settings(
+        self,
+        template: LaunchSpec,
+        identity: Mapping[str, object],
+        budget: Mapping[str, object] | None,
+        reason: str,
+    ) -> str | None:
+        """Restart the child on new llama settings. Returns None once a child on them passed the gate,
+        or why it failed, after the previous settings were put back (a new child is then starting on
+        them). With no settings known to work (never READY, or FAILED now) there is nothing to protect:
+        the new ones simply apply and this returns None at once."""
+        settings = _Settings(template, identity, budget)
+        self._proposed = settings
+        if self._good is None or self.machine.state is State.FAILED:
+            self.post(Restart(reason))
+            return None
+        trial = _Trial(asyncio.get_running_loop().create_future())
+        self._trial = trial
+        self.post(Restart(reason, trial=True))
+        try:
+            return await trial.outcome
+        finally:
+            if self._trial is trial:
+                self._trial = None
 
     # --- the loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -283,6 +346,10 @@ class ChildSupervisor:
             self.load_seconds = now - self._child.spawned_at
             self.ready_since = now
             fields["load_seconds"] = round(self.load_seconds, 3)
+            self._good = _Settings(self.template, self._identity, self.budget)
+            trial = self._trial
+            if trial is not None and trial.generation == self.machine.generation and not trial.outcome.done():
+                trial.outcome.set_result(None)
         elif new is not State.READY and new is not State.UNHEALTHY:
             self.ready_since = None
         level = logging.WARNING if new in (State.FAILED, State.BACKOFF, State.UNHEALTHY) else logging.INFO
@@ -315,10 +382,27 @@ class ChildSupervisor:
             log.info("sending SIGKILL to llama-server", extra={"fields": {"pid": child.handle.pid}})
             child.killed_by_us = True
             child.handle.send_signal(signal.SIGKILL)
+        elif action is Action.ROLLBACK:
+            self._roll_back()
+
+    def _roll_back(self) -> None:
+        """The child on trial failed before the gate: the next spawn uses the last good settings."""
+        good, trial = self._good, self._trial
+        self._proposed = None
+        if good is not None:
+            self.template, self._identity, self.budget = good.template, good.identity, good.budget
+        if trial is not None and not trial.outcome.done():
+            trial.outcome.set_result(f"llama-server {self.machine.rejected}")
 
     # --- one child -----------------------------------------------------------------------------------
     async def _spawn(self) -> None:
         generation = self.machine.generation
+        if self._proposed is not None:
+            # New settings take effect with the child that runs them, not while the old one serves.
+            p, self._proposed = self._proposed, None
+            self.template, self._identity, self.budget = p.template, p.identity, p.budget
+        if self._trial is not None and self.machine.trial_generation == generation:
+            self._trial.generation = generation
         port = self.os.free_port()
         secret = new_secret()
         spec = replace(self.template, port=port)

@@ -26,9 +26,14 @@ class Stop:
 
 @dataclass(frozen=True)
 class Restart:
-    """Restart the child now (a llama setting changed), or leave FAILED on an operator's request."""
+    """Restart the child now (a llama setting changed), or leave FAILED on an operator's request.
+
+    ``trial``: the next child runs new settings while the previous ones are known to work; if it fails
+    before passing the readiness gate, the machine rolls back (``Action.ROLLBACK``) instead of
+    counting a crash."""
 
     reason: str
+    trial: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Action(enum.Enum):
     STOP_PROBES = "stop_probes"
     TERMINATE = "terminate"  # SIGTERM
     KILL = "kill"  # SIGKILL
+    ROLLBACK = "rollback"  # a trial child failed: put the last settings that passed the gate back
 
 
 class After(enum.Enum):
@@ -101,3 +107,4 @@ class After(enum.Enum):
     RESTART = "restart"  # after a failure: BACKOFF
     RESTART_NOW = "restart_now"  # config change: start again at once
     GIVE_UP = "give_up"  # FAILED
+    ROLLBACK = "rollback"  # a trial failed: start again at once on the previous settings

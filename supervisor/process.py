@@ -15,6 +15,12 @@ touches no process, so every transition is unit-tested with plain numbers for ``
 
 Failures kill the child with SIGKILL at once (a broken child has nothing to drain); a requested stop
 or a config restart gets SIGTERM and a grace period first.
+
+A config restart may be a *trial* (``Restart(trial=True)``: new llama settings while the previous ones
+passed the gate). A trial child that fails before passing the gate is no crash of the service: it is
+not counted against ``max_restarts``, and the machine answers ``ROLLBACK`` then ``SPAWN`` (the driver
+puts the previous settings back before spawning), so a bad reload cannot take a working service to
+BACKOFF or FAILED. ``rejected`` keeps why.
 """
 
 from __future__ import annotations
@@ -114,6 +120,9 @@ class Machine:
     last_failure: str | None = None
     last_failure_cause: str | None = None
     stop_requested: bool = False
+    trial_pending: bool = False  # the next start runs settings on trial
+    trial_generation: int | None = None  # the child on trial, until it passes the gate or fails
+    rejected: str | None = None  # why the last trial failed
     restarts: int = 0  # spawns after the first
     failures: dict[str, int] = field(default_factory=dict)  # by cause, for metrics
     transitions: list[Transition] = field(default_factory=list)  # of the last step, for observers
@@ -151,8 +160,8 @@ class Machine:
                 return self._start(now) if self.state is State.STOPPED and not self.stop_requested else []
             case Stop(reason=reason):
                 return self._stop(now, reason)
-            case Restart(reason=reason):
-                return self._restart(now, reason)
+            case Restart(reason=reason, trial=trial):
+                return self._restart(now, reason, trial)
             case Tick():
                 return self._tick(now)
             case Output():
@@ -166,6 +175,7 @@ class Machine:
                 if self.state is State.STARTING:
                     self.ready_at = now
                     self.health_failures = 0
+                    self.trial_generation = None  # the trial passed: its settings are the good ones now
                     self._go(State.READY, None)
                     return [Action.START_LIVENESS]
                 return []
@@ -192,17 +202,19 @@ class Machine:
         self.state = new
         self.reason = reason
 
-    def _start(self, now: float) -> list[Action]:
+    def _start(self, now: float, reason: str = "loading the model") -> list[Action]:
         if self.generation:
             self.restarts += 1
         self.generation += 1
+        self.trial_generation = self.generation if self.trial_pending else None
+        self.trial_pending = False
         self.spawned_at = now
         self.last_output_at = now
         self.ready_at = None
         self.health_failures = 0
         self.backoff_until = None
         self.kill_at = None
-        self._go(State.STARTING, "loading the model")
+        self._go(State.STARTING, reason)
         return [Action.SPAWN]
 
     def _stop(self, now: float, reason: str) -> list[Action]:
@@ -216,9 +228,10 @@ class Machine:
             self._go(State.STOPPED, f"stopped: {reason}")
         return []
 
-    def _restart(self, now: float, reason: str) -> list[Action]:
+    def _restart(self, now: float, reason: str, trial: bool = False) -> list[Action]:
         if self.stop_requested:
             return []
+        self.trial_pending = trial
         if self.state in RUNNING:
             return self._terminate(now, After.RESTART_NOW, f"restarting: {reason}")
         if self.state is State.STOPPING:
@@ -290,6 +303,8 @@ class Machine:
                 return self._start(now)
             elif self.after is After.GIVE_UP:
                 self._go(State.FAILED, self._give_up_reason())
+            elif self.after is After.ROLLBACK:
+                return self._rollback(now)
             else:
                 self._backoff(now)
             return []
@@ -300,6 +315,8 @@ class Machine:
         return []
 
     def _fail(self, now: float, reason: str, cause: str, *, running: bool) -> list[Action]:
+        if self.state is State.STARTING and self.trial_generation == self.generation:
+            return self._reject(now, reason, running=running)
         self.last_failure = reason
         self.last_failure_cause = cause
         self.failures[cause] = self.failures.get(cause, 0) + 1
@@ -317,6 +334,21 @@ class Machine:
         else:
             self._backoff(now)
         return [Action.STOP_PROBES]
+
+    def _reject(self, now: float, reason: str, *, running: bool) -> list[Action]:
+        """The trial child failed before the gate: back to the previous settings, no crash counted."""
+        self.rejected = reason
+        self.trial_generation = None
+        if running:
+            self.after = After.ROLLBACK
+            self.kill_at = None
+            self._go(State.STOPPING, f"reload rejected: {reason}")
+            return [Action.STOP_PROBES, Action.KILL]
+        return [Action.STOP_PROBES, *self._rollback(now)]
+
+    def _rollback(self, now: float) -> list[Action]:
+        why = f"loading the previous settings (reload rejected: {self.rejected})"
+        return [Action.ROLLBACK, *self._start(now, why)]
 
     def _backoff(self, now: float) -> None:
         delay = self.policy.backoff(self.attempt)

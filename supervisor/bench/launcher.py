@@ -6,6 +6,11 @@ binary with exactly the argv the daemon would give its child (``launch.build_arg
 with a random API key; ``start_llamagate`` runs ``llamagate serve --config`` as a subprocess with a
 fresh admin key. Each waits for readiness against a deadline while watching the process, and ``stop``
 always ends what it started (SIGTERM, grace, SIGKILL: an idle llama-server may ignore SIGTERM).
+
+Both are started tied (``child.popen_tied``: PR_SET_PDEATHSIG, from the main thread): if the bench
+process dies without running ``stop`` (SIGKILL, a crash), the kernel kills them with SIGKILL, and a
+private daemon's own child dies with it the same way. Each runs in a session of its own, so a Ctrl-C
+on the terminal reaches only the bench, which then stops them in order.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import yaml
 
 from proxy.auth import new_key
 from supervisor.bench.client import Target
-from supervisor.child import free_port
+from supervisor.child import free_port, popen_tied
 from supervisor.config import parse_config
 from supervisor.config_schema import Config
 from supervisor.errors import StartupError, UsageError
@@ -169,7 +174,7 @@ def start_llama_server(
     private.mkdir(exist_ok=True)
     log_path = folder / "llama-server.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
+        proc = popen_tied(
             build_argv(spec),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -241,7 +246,7 @@ def start_llamagate(
     log_path = folder / "llamagate.log"
     argv = [sys.executable, "-m", "supervisor", "--log-format", "json", "serve", "--config", str(config_path)]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
+        proc = popen_tied(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.child import popen_tied
 from supervisor.errors import CheckFailed
 
 HOW_TO_BUILD = (
@@ -87,10 +88,17 @@ def run(
         "-o",
         "json",
     ]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise CheckFailed(f"llama-bench did not finish within {timeout_s:g} s") from exc
-    if done.returncode != 0:
-        raise CheckFailed(f"llama-bench exited {done.returncode}: {done.stderr.strip()[-800:]}")
-    return parse(done.stdout)
+    # Tied to this process: a bench killed mid-run must not leave llama-bench busy on every core.
+    with popen_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            proc.communicate()
+            raise CheckFailed(f"llama-bench did not finish within {timeout_s:g} s") from exc
+        except BaseException:
+            proc.kill()
+            raise
+    if proc.returncode != 0:
+        raise CheckFailed(f"llama-bench exited {proc.returncode}: {err.strip()[-800:]}")
+    return parse(out)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 from supervisor.build import InstalledBinary, ensure_binary
+from supervisor.interrupts import sigterm_as_interrupt
 from supervisor.lock import load_lock
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress
@@ -43,11 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def interruptible() -> None:
     """Turn SIGTERM into KeyboardInterrupt so a killed build still runs its cleanup (and kills cmake)."""
-
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _raise)
+    sigterm_as_interrupt()
 
 
 def identity_lines(installed: InstalledBinary) -> list[str]:

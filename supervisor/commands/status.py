@@ -123,6 +123,10 @@ def _status(args: argparse.Namespace) -> int:
     print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
     print(f"  restarts     {ready_body.get('restarts', '-')}")
     print(f"  last failure {ready_body.get('last_failure') or '-'}")
+    if b.get("last_reload"):
+        print(f"  last reload  {b['last_reload']}")
+    if b.get("recovery"):
+        print(f"  recovery     {b['recovery']}")
     print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
     if identity_error:
         print(f"  identity     not available: {identity_error}")

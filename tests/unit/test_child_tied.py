@@ -66,3 +66,58 @@ def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
             parent.wait(10)
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+POPEN_SCRIPT = """
+import threading
+from supervisor.child import popen_tied
+
+proc = popen_tied(["/bin/sleep", "300"])
+print(proc.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_popen_tied_child_dies_with_a_sigkilled_parent() -> None:
+    # What bench uses for its bare llama-servers and private daemons.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", POPEN_SCRIPT],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert not gone(pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone(pid), "the child outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_popen_tied_refuses_a_thread_that_may_end_before_the_process() -> None:
+    import threading
+
+    from supervisor.child import popen_tied
+
+    errors: list[BaseException] = []
+
+    def spawn() -> None:
+        try:
+            popen_tied(["/bin/true"]).wait(10)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=spawn)
+    worker.start()
+    worker.join(30)
+    assert len(errors) == 1 and "main thread" in str(errors[0])

@@ -290,3 +290,76 @@ def test_a_running_childs_last_allowed_failure_ends_in_failed(kind: str, last: s
     assert m.reason == f"gave up: 2 failures within 100 s (max_restarts 1); last: {last}"
     assert m.next_deadline() is None
     assert m.step(Tick(), 10_000.0) == [] and m.state is S.FAILED
+
+
+# --- a reload's trial: new settings that fail before the gate roll back, and count as no crash -------
+def trial_machine(**kw: object) -> Machine:
+    """READY on generation 1; a trial restart has stopped it and spawned generation 2."""
+    m = ready_machine(**kw)
+    assert m.step(Restart("llama.extra_args changed", trial=True), 3.0) == [A.STOP_PROBES, A.TERMINATE]
+    assert m.step(Exited(1, "exited with code 0"), 3.5) == [A.SPAWN]
+    assert (m.state, m.generation, m.trial_generation) == (S.STARTING, 2, 2)
+    return m
+
+
+def test_a_trial_that_exits_during_load_rolls_back_at_once() -> None:
+    m = trial_machine(max_restarts=0)  # any counted failure would go straight to FAILED
+    actions = m.step(Exited(2, "exited with code 1"), 4.0)
+    assert actions == [A.STOP_PROBES, A.ROLLBACK, A.SPAWN]
+    assert (m.state, m.generation, m.trial_generation) == (S.STARTING, 3, None)
+    assert m.rejected == "exited during load: exited with code 1"
+    assert m.reason == (
+        "loading the previous settings (reload rejected: exited during load: exited with code 1)"
+    )
+    # Not a crash of the service: no backoff, nothing in the failure window or counters.
+    assert m.attempt == 0 and not m.window.times and m.failures == {} and m.last_failure is None
+    assert m.step(GatePassed(3), 5.0) == [A.START_LIVENESS]
+    assert m.state is S.READY
+
+
+def test_a_trial_that_fails_the_gate_is_killed_then_rolls_back() -> None:
+    m = trial_machine()
+    assert m.step(GateFailed(2, "expected n_ctx 4096"), 4.0) == [A.STOP_PROBES, A.KILL]
+    assert m.state is S.STOPPING and m.reason == "reload rejected: readiness gate failed: expected n_ctx 4096"
+    assert m.step(Exited(2, "killed by SIGKILL"), 4.1) == [A.ROLLBACK, A.SPAWN]
+    assert (m.state, m.generation) == (S.STARTING, 3)
+    assert m.failures == {} and m.attempt == 0
+
+
+def test_a_trial_that_times_out_rolls_back() -> None:
+    m = trial_machine()
+    m.step(Output(2), 3.6)
+    assert m.step(Tick(), 3.6 + 10.0) == [A.STOP_PROBES, A.KILL]
+    assert m.rejected == "load stalled: no output and no progress for 10 s"
+    assert m.step(Exited(2, "killed by SIGKILL"), 14.0) == [A.ROLLBACK, A.SPAWN]
+
+
+def test_a_trial_that_passed_the_gate_fails_like_any_child_afterwards() -> None:
+    m = trial_machine()
+    assert m.step(GatePassed(2), 4.0) == [A.START_LIVENESS]
+    assert m.trial_generation is None
+    assert m.step(Exited(2, "killed by SIGSEGV"), 9.0) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF and m.failures == {"exit": 1} and m.rejected is None
+
+
+def test_a_rollback_child_that_fails_is_a_plain_failure() -> None:
+    m = trial_machine()
+    m.step(Exited(2, "exited with code 1"), 4.0)
+    assert m.step(Exited(3, "exited with code 1"), 4.5) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF and m.failures == {"load_exit": 1}
+
+
+def test_a_restart_without_trial_fails_as_before() -> None:
+    m = ready_machine()
+    m.step(Restart("llama.slots: 2 -> 4"), 3.0)
+    m.step(Exited(1, "exited with code 0"), 3.5)
+    assert m.trial_generation is None
+    assert m.step(Exited(2, "exited with code 1"), 4.0) == [A.STOP_PROBES]
+    assert m.state is S.BACKOFF and m.rejected is None
+
+
+def test_a_stop_during_a_trial_stops() -> None:
+    m = trial_machine()
+    assert m.step(Stop("SIGTERM"), 4.0) == [A.STOP_PROBES, A.TERMINATE]
+    assert m.step(Exited(2, "exited with code 0"), 4.1) == []
+    assert m.state is S.STOPPED

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -268,7 +269,8 @@ async def test_draining_turns_readiness_off_at_once(tmp_path: Path) -> None:
     assert snap.state == "READY" and not snap.ready
     assert snap.reason == "draining: the daemon is stopping"
     assert snap.base_url is not None  # in-flight requests still reach the child
-    assert set(snap.info) == {"uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds"}
+    shown = {"uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds", "last_reload"}
+    assert set(snap.info) == shown
 
 
 async def test_observer_errors_do_not_stop_the_supervisor(tmp_path: Path) -> None:
@@ -337,3 +339,116 @@ async def test_an_unexpected_probe_error_counts_as_a_failed_health_probe(tmp_pat
     assert sup.state is State.BACKOFF
     assert sup.machine.last_failure is not None
     assert "3 consecutive failures (last: RuntimeError: unplanned)" in sup.machine.last_failure
+
+
+# --- new llama settings on trial (SIGHUP): a child that fails before the gate rolls them back --------
+BOGUS = replace(SPEC, extra_args=("--bogus-flag",))
+
+
+class TrialOs(FakeOs):
+    """A child started with ``--bogus-flag`` prints llama-server's error and exits 1 during load, and
+    its /health never answers 200 (so its gate cannot pass before the exit is seen)."""
+
+    def __init__(self, probes: UrlProbes) -> None:
+        super().__init__()
+        self.probes = probes
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> FakeChild:
+        child = await super().spawn(argv, env, cwd)
+        if "--bogus-flag" in argv:
+            self.probes.loading.add(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}")
+            child.say("error: invalid argument: --bogus-flag\n")
+            child.exit(1)
+        return child
+
+
+class UrlProbes(FakeProbes):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading: set[str] = set()
+
+    async def health(self, base_url: str, timeout_s: float) -> int:
+        return 503 if base_url in self.loading else await super().health(base_url, timeout_s)
+
+
+async def until(sup: ChildSupervisor, pred: Callable[[], bool], what: str) -> None:
+    """Dispatch what the child's tasks post until ``pred`` holds (the gate polls on a real timer)."""
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await settle(sup)
+        await asyncio.sleep(0.01)
+
+
+async def test_new_settings_whose_child_exits_during_load_roll_back(tmp_path: Path) -> None:
+    probes = UrlProbes()
+    os_ = TrialOs(probes)
+    sup = make(os_, probes, tmp_path, max_restarts=0)  # a counted failure would mean FAILED
+    sup.set_identity({"model": "old"})
+    sup.budget = {"kv_bytes": 1}
+    await start(sup)
+    trial = asyncio.create_task(sup.try_settings(BOGUS, {"model": "new"}, {"kv_bytes": 2}, "extra_args"))
+    await until(sup, lambda: trial.done() and sup.state is State.READY, "READY after the rollback")
+    assert trial.result() == "llama-server exited during load: exited with code 1"
+    # Spawned: the first child, the one on trial, then the previous settings again.
+    assert ["--bogus-flag" in argv for argv, _ in os_.spawned] == [False, True, False]
+    assert os_.children[0].signals == [signal.SIGTERM]  # the working child was stopped politely
+    assert sup.machine.generation == 3 and sup.machine.failures == {}
+    assert sup.template == SPEC and sup.served_identity == {"model": "old"} and sup.budget == {"kv_bytes": 1}
+
+
+async def test_new_settings_that_fail_the_gate_roll_back(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()  # answers n_ctx 4096: a child asked for 8192 fails the gate
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    trial = asyncio.create_task(sup.try_settings(replace(SPEC, ctx_per_slot=8192), {}, None, "ctx"))
+    await until(sup, trial.done, "the trial's outcome")
+    assert "readiness gate failed" in (trial.result() or "")
+    assert os_.children[1].signals == [signal.SIGKILL]
+    await until(sup, lambda: sup.state is State.READY, "READY on the previous settings")
+    assert sup.snapshot().ctx_per_slot == 4096 and sup.machine.generation == 3
+
+
+async def test_new_settings_that_pass_the_gate_are_kept_and_become_the_good_ones(tmp_path: Path) -> None:
+    probes = UrlProbes()
+    os_ = TrialOs(probes)
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    three = replace(SPEC, slots=3)
+    trial = asyncio.create_task(sup.try_settings(three, {"model": "three"}, None, "slots"))
+    assert sup.snapshot().slots == 2  # the old child still serves until the new one is spawned
+    await until(sup, trial.done, "the trial's outcome")
+    assert trial.result() is None
+    assert sup.state is State.READY and sup.snapshot().slots == 3 and sup.template == three
+    # The next bad settings roll back to these, not to the first ones.
+    bad = asyncio.create_task(sup.try_settings(replace(three, extra_args=("--bogus-flag",)), {}, None, "x"))
+    await until(sup, lambda: bad.done() and sup.state is State.READY, "READY after the rollback")
+    assert bad.result() is not None and sup.template == three
+
+
+async def test_with_no_settings_known_to_work_new_ones_apply_directly(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    probes.n_ctx = 8192  # the first settings (4096) never pass the gate
+    sup = make(os_, probes, tmp_path)
+    await start(sup)
+    assert sup.state is State.BACKOFF
+    fixed = replace(SPEC, ctx_per_slot=8192)
+    assert await sup.try_settings(fixed, {}, None, "ctx") is None  # nothing to protect: no trial
+    await settle(sup)
+    assert sup.state is State.READY and sup.template == fixed and sup.machine.trial_generation is None
+
+
+async def test_failed_promises_no_retry_and_says_how_to_recover(tmp_path: Path) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    probes.n_ctx = 2048
+    sup = make(os_, probes, tmp_path, max_restarts=0)
+    await start(sup)
+    assert sup.state is State.FAILED
+    snap = sup.snapshot()
+    assert snap.retry_after_s is None
+    assert "SIGHUP" in str(snap.info["recovery"]) and "SIGHUP" in sup.status()["recovery"]
+    probes.n_ctx = 4096
+    sup.restart("SIGHUP while FAILED")
+    await settle(sup)
+    assert sup.state is State.READY and "recovery" not in sup.snapshot().info
+    assert sup.snapshot().retry_after_s == 0.0

@@ -20,6 +20,7 @@ from supervisor.bench.launcher import read_base_config, start_llama_server, vali
 from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.provenance import collect
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress, Progress
 
 
@@ -148,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT")
 
     def handler(fn: Callable[[argparse.Namespace, Progress], int]) -> Callable[[argparse.Namespace], int]:
-        return lambda args: fn(args, ConsoleProgress())
+        return interruptible(lambda args: fn(args, ConsoleProgress()))
 
     p = sub.add_parser("threads", help="restart llama-server at each thread count: decode/prompt rates, TPOT")
     p.add_argument("--threads", required=True, metavar="LIST", help="thread counts, e.g. 1,2")

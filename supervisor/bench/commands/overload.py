@@ -15,6 +15,7 @@ from supervisor.bench.commands.sweep import loads_from_args, print_result
 from supervisor.bench.launcher import read_base_config
 from supervisor.bench.overload import OverloadSpec, comparison_markdown, run_overload
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 
@@ -95,4 +96,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_request_options(parser)
     options.add_gate_options(parser)
     options.add_output_options(parser)
-    parser.set_defaults(func=_handle)
+    parser.set_defaults(func=interruptible(_handle))

@@ -36,9 +36,10 @@ import httpx
 
 from proxy.auth import new_key
 from supervisor.bench import proxycost as pc
-from supervisor.child import free_port
+from supervisor.child import free_port, popen_tied
 from supervisor.errors import StartupError
 from supervisor.identity import host_identity
+from supervisor.interrupts import interruptible
 
 TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
 TTFT_GATE_S = 1.5
@@ -64,13 +65,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds for TPOT")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=interruptible(_run))
 
 
 # --- processes ---------------------------------------------------------------------------------------
 def _python(module: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     with tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen(
+        proc = popen_tied(
             [sys.executable, "-m", module, *args],
             stdout=subprocess.PIPE,
             stderr=errors,
@@ -119,7 +120,7 @@ def _llama_server(
     argv += ["--alias", "gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
     argv += ["-t", str(threads), "-ngl", "0"]
     env = {"PATH": os.environ.get("PATH", ""), "LLAMA_API_KEY": secret, "HOME": os.environ.get("HOME", "/")}
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = popen_tied(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

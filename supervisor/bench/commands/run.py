@@ -16,6 +16,7 @@ from supervisor.bench.provenance import collect
 from supervisor.bench.report import summary_markdown
 from supervisor.bench.runner import RunSpec, run
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 
@@ -90,4 +91,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_request_options(parser)
     options.add_gate_options(parser)
     options.add_output_options(parser)
-    parser.set_defaults(func=_handle)
+    parser.set_defaults(func=interruptible(_handle))

@@ -40,6 +40,7 @@ from supervisor.bench.launcher import (
 )
 from supervisor.bench.rawhttp import Connection, build_request
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 STREAMS = 4
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream (128)")
     parser.add_argument("--idle-scrapes", type=int, default=30, help="scrapes of the idle CPU measure (30)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=interruptible(_run))
 
 
 async def _scrape_until(url: str, raw: bytes, interval_s: float, stop: asyncio.Event) -> list[float]:

@@ -38,11 +38,12 @@ import httpx
 import yaml
 
 from proxy.auth import new_key
-from supervisor.child import RealOs, free_port
+from supervisor.child import RealOs, free_port, popen_tied
 from supervisor.commands.config import add_config_argument
 from supervisor.config import config_to_dict, load_config, resolve_config_path
 from supervisor.config_schema import Config
 from supervisor.gate import HttpProbes, wait_health_200
+from supervisor.interrupts import interruptible
 from supervisor.launch import build_argv, build_env, new_secret
 from supervisor.prepare import prepare
 from supervisor.progress import ConsoleProgress
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_config_argument(parser)
     parser.add_argument("--runs", type=int, default=5, help="repetitions of each measurement (default 5)")
     parser.add_argument("--out", help="result folder (default bench-results/startup-<time>)")
-    parser.set_defaults(func=_handle)
+    parser.set_defaults(func=interruptible(_handle))
 
 
 def _poll(url: str, ok: Any, deadline_s: float = TIMEOUT_S) -> float:
@@ -141,7 +142,7 @@ class _Daemon:
             str(self.config_path),
         ]
         started = time.monotonic()
-        self.proc = subprocess.Popen(
+        self.proc = popen_tied(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
         )
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()

@@ -17,6 +17,7 @@ from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.provenance import collect
 from supervisor.bench.sweep import SweepResult, SweepSpec, markdown, sweep
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 
@@ -125,4 +126,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_request_options(parser)
     options.add_gate_options(parser)
     options.add_output_options(parser)
-    parser.set_defaults(func=_handle)
+    parser.set_defaults(func=interruptible(_handle))

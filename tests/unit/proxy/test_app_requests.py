@@ -55,6 +55,21 @@ async def test_not_ready_answers_503_with_retry_after(proxy_factory: ProxyFactor
         assert p.fake.requests == 0
 
 
+async def test_failed_promises_no_retry_but_says_how_to_recover(proxy_factory: ProxyFactory) -> None:
+    # FAILED retries nothing by itself: no Retry-After and no retry_after_s that would promise one.
+    async with proxy_factory() as p, p.client() as c:
+        recovery = "fix the cause, then send SIGHUP"
+        p.source.update(
+            ready=False, state="FAILED", reason="gave up", retry_after_s=None, info={"recovery": recovery}
+        )
+        r = await c.get("/readyz")
+        assert r.status_code == 503 and "retry-after" not in r.headers
+        assert "retry_after_s" not in r.json() and r.json()["recovery"] == recovery
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert_error_shape(r, 503, "not_ready")
+        assert "retry-after" not in r.headers
+
+
 async def test_chat_and_completions_pass_through(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory() as p, p.client() as c:
         r = await c.post("/v1/chat/completions", json=CHAT)
