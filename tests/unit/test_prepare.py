@@ -12,7 +12,7 @@ import pytest
 import supervisor.prepare as prepare_mod
 from supervisor.config_schema import Config
 from supervisor.demo_model import DEMO_MODEL_SHA256, demo_model_path
-from supervisor.errors import DigestMismatch, StartupError
+from supervisor.errors import DigestMismatch, Misconfigured, StartupError
 from supervisor.progress import NullProgress
 from tests.unit.test_budget import write_gguf
 
@@ -69,14 +69,18 @@ def test_a_model_whose_sha256_differs_is_refused_naming_both_digests(tmp_path: P
     model = write_gguf(tmp_path / "m.gguf")
     actual = hashlib.sha256(model.read_bytes()).hexdigest()
     wrong = "0" * 64
-    with pytest.raises(DigestMismatch) as info:
+    # A configured model's mismatch is a configuration mistake (exit 2) named by its config path.
+    with pytest.raises(Misconfigured) as info:
         prepare_mod.prepare(
             config_with_model(tmp_path, model, wrong),
             progress=NullProgress(),
             cache=tmp_path / "c",
             fetch=fetch,
         )
-    assert str(info.value) == f"model {model}: sha256 mismatch: expected {wrong}, found {actual}"
+    assert (
+        str(info.value)
+        == f"llama.model.sha256: model {model}: sha256 mismatch: expected {wrong}, found {actual}"
+    )
 
 
 @pytest.mark.parametrize("fetch", [True, False], ids=["serve", "reload"])
@@ -101,7 +105,7 @@ def test_a_model_changed_after_its_hash_was_cached_is_refused(tmp_path: Path) ->
     data[-1] ^= 0xFF  # same size, one byte different
     model.write_bytes(bytes(data))
     os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    with pytest.raises(DigestMismatch):
+    with pytest.raises(Misconfigured, match="llama.model.sha256: .* sha256 mismatch"):
         prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)
 
 

@@ -389,7 +389,10 @@ async def test_new_settings_whose_child_exits_during_load_roll_back(tmp_path: Pa
     await start(sup)
     trial = asyncio.create_task(sup.try_settings(BOGUS, {"model": "new"}, {"kv_bytes": 2}, "extra_args"))
     await until(sup, lambda: trial.done() and sup.state is State.READY, "READY after the rollback")
-    assert trial.result() == "llama-server exited during load: exited with code 1"
+    # The child's own first error line names the cause.
+    assert trial.result() == (
+        "llama-server exited during load: exited with code 1: error: invalid argument: --bogus-flag"
+    )
     # Spawned: the first child, the one on trial, then the previous settings again.
     assert ["--bogus-flag" in argv for argv, _ in os_.spawned] == [False, True, False]
     assert os_.children[0].signals == [signal.SIGTERM]  # the working child was stopped politely
