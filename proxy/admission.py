@@ -27,21 +27,26 @@ at their tenant's state object, so a reload that changes or removes the tenant c
 Lingering: when the proxy abandons a request the child is still working on (client gone, deadline), the
 child's slot stays busy until it notices the closed connection (llama-server polls every second, or at
 its next token). ``release(linger_s)`` frees the tenant's share at once but keeps the slot counted for
-``linger_s``, so a new request is not sent into the child's own unbounded queue meanwhile.
+``linger_s``, so a new request is not sent into the child's own unbounded queue meanwhile. With a
+``confirm`` coroutine, the slots stay counted after ``linger_s`` until it returns: the request path
+passes one that watches the child's ``/slots`` (a loaded child may take longer than any guess).
 Pure asyncio, no sockets, no I/O: unit-tested directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from proxy.errors import Forbidden, Rejected
 from proxy.idle import IdleWaiters
 from proxy.settings import TenantSettings
+
+_log = logging.getLogger("llamagate.proxy")
 
 # Weight of the newest sample in the service-time average behind Retry-After.
 _EWMA_ALPHA = 0.2
@@ -65,11 +70,12 @@ class Permit:
         self.slots = slots
         self.released = False
 
-    def release(self, linger_s: float = 0.0) -> None:
-        """Give the permit back; with ``linger_s`` > 0 its global slots stay taken that much longer."""
+    def release(self, linger_s: float = 0.0, confirm: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Give the permit back; with ``linger_s`` > 0 its global slots stay taken that much longer, and
+        then until ``confirm()`` returns when given."""
         if not self.released:
             self.released = True
-            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots)
+            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots, confirm)
 
 
 @dataclass(eq=False, slots=True)
@@ -128,6 +134,7 @@ class Admission:
         self._queued = 0
         self._service_s: float | None = None
         self._idle = IdleWaiters()
+        self._linger_tasks: set[asyncio.Task[None]] = set()
         self.reconfigure(tenants)
 
     # --- what the daemon, metrics and tests read ---------------------------------------------------------
@@ -143,6 +150,11 @@ class Admission:
     @property
     def queued(self) -> int:
         return self._queued
+
+    @property
+    def held(self) -> int:
+        """Slots counted as taken: permits held plus lingering slots."""
+        return self._in_flight
 
     @property
     def lingering(self) -> int:
@@ -242,11 +254,25 @@ class Admission:
         # Few tenants, and only while some are backlogged: the loop is short and usually empty.
         return any(self._ready(t) for t in self._backlogged)
 
-    def _release(self, t: _Tenant, granted_at: float, linger_s: float = 0.0, slots: int = 1) -> None:
+    def _release(
+        self,
+        t: _Tenant,
+        granted_at: float,
+        linger_s: float = 0.0,
+        slots: int = 1,
+        confirm: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         t.in_flight -= slots
         if linger_s > 0:
             self._lingering += slots
-            asyncio.get_running_loop().call_later(linger_s, self._end_linger, slots)
+            if confirm is None:
+                asyncio.get_running_loop().call_later(linger_s, self._end_linger, slots)
+            else:
+                task = asyncio.get_running_loop().create_task(
+                    self._confirmed_linger(linger_s, slots, confirm)
+                )
+                self._linger_tasks.add(task)
+                task.add_done_callback(self._linger_tasks.discard)
         else:
             self._in_flight -= slots
         if linger_s <= 0:  # an abandoned request says nothing about how long requests take
@@ -257,6 +283,17 @@ class Admission:
         self._forget_if_empty(t)
         self._dispatch()
         self._check_idle()
+
+    async def _confirmed_linger(
+        self, linger_s: float, slots: int, confirm: Callable[[], Awaitable[object]]
+    ) -> None:
+        try:
+            await asyncio.sleep(linger_s)
+            await confirm()
+        except Exception as exc:  # a failed check ends the wait; it must not keep the slots forever
+            _log.warning("lingering slots released after a failed check: %s", type(exc).__name__)
+        finally:  # however it ends (cancelled too): never leak the slots
+            self._end_linger(slots)
 
     def _end_linger(self, slots: int = 1) -> None:
         self._lingering -= slots

@@ -18,6 +18,10 @@ The answer is the one llama-server itself builds for ``stream: false`` (tools/se
 Differences that remain: with a stop word, the non-streamed answer drops the stop word's token
 probabilities, the streamed one does not.
 
+The proxy also asks for ``return_progress``: llama-server then writes a progress event after each batch
+of the prompt, so it notices a client that left while a long prompt is processed; those events carry no
+text and are dropped here.
+
 Held in memory: the answer being built, bounded by ``limit`` bytes of stream received.
 """
 

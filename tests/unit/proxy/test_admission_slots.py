@@ -113,3 +113,28 @@ async def test_a_lingering_wide_permit_keeps_all_its_slots() -> None:
     assert adm.lingering == 0
     permit.release()
     assert await adm.wait_idle(5)
+
+
+async def test_a_confirmed_linger_holds_until_the_confirmation() -> None:
+    adm = Admission([tenant("a"), tenant("b")], capacity=1)
+    permit = await adm.acquire("a")
+    settled = asyncio.Event()
+    permit.release(0.01, settled.wait)
+    nxt = asyncio.ensure_future(adm.acquire("b"))
+    await asyncio.sleep(0.05)  # well past linger_s: only the confirmation may end it now
+    assert not nxt.done() and adm.lingering == 1 and adm.held == 1
+    settled.set()
+    (await asyncio.wait_for(nxt, 5)).release()
+    assert adm.lingering == 0 and adm.held == 0
+
+
+async def test_a_failing_confirmation_still_ends_the_linger() -> None:
+    adm = Admission([tenant("a")], capacity=1)
+
+    async def broken() -> None:
+        raise RuntimeError("the child went away")
+
+    (await adm.acquire("a")).release(0.01, broken)
+    assert adm.lingering == 1
+    (await asyncio.wait_for(adm.acquire("a"), 5)).release()
+    assert adm.lingering == 0 and adm.held == 0
