@@ -18,7 +18,6 @@ Answers to keys that may not see prompt-cache hits go through ``proxy.privacy``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -32,6 +31,7 @@ from proxy.disconnect import ClientWatch
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
+from proxy.settle import SlotsSettled
 from proxy.sse import StreamMeter, count_tokens_in_body
 from proxy.upstream import UpstreamClosed, UpstreamResponse
 
@@ -57,59 +57,6 @@ class _Exchange:
             return min(CHILD_NOTICE_S, 4 * self.tpot_s + 0.1)
         return CHILD_NOTICE_S
 
-
-class _SlotsSettled:
-    """After an abandoned request: wait until the child's ``/slots`` shows no more busy slots than the
-    other permits account for (``held`` minus ours), polling every ``_SETTLE_POLL_S`` for at most
-    ``_SETTLE_MAX_S``. llama-server usually notices within a token, but a loaded host has been seen to
-    take a second; the timed linger alone was a guess. Polls run on the child's HTTP threads, not a slot.
-    Any failure ends the wait (a dead or hung child is the supervisor's business, not a reason to keep
-    slots forever)."""
-
-    __slots__ = ("_request_id", "_rt", "_slots", "_snap")
-
-    def __init__(self, rt: ProxyRuntime, snap: UpstreamSnapshot, slots: int, request_id: str) -> None:
-        self._rt = rt
-        self._snap = snap
-        self._slots = slots
-        self._request_id = request_id
-
-    async def wait(self) -> None:
-        rt = self._rt
-        try:
-            async with asyncio.timeout(_SETTLE_MAX_S):
-                while True:
-                    busy = await self._busy()
-                    if busy is None or busy <= rt.admission.held - self._slots:
-                        return
-                    await asyncio.sleep(_SETTLE_POLL_S)
-        except (TimeoutError, UpstreamFailure):
-            return
-
-    async def _busy(self) -> int | None:
-        snap = self._rt.snapshot()
-        if not snap.ready or snap.generation != self._snap.generation:
-            return None  # another child now: the old one's slots are gone
-        response = await self._rt.upstream.open(snap, "GET", "/slots", None, self._request_id)
-        try:
-            content = await response.read()
-        except UpstreamClosed:
-            return None
-        finally:
-            response.release()
-        if response.status != 200:
-            return None
-        try:
-            slots = json.loads(content)
-        except ValueError:
-            return None
-        if not isinstance(slots, list):
-            return None
-        return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-
-
-_SETTLE_POLL_S = 0.05
-_SETTLE_MAX_S = 10.0
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -192,7 +139,7 @@ class Inference:
             finally:
                 linger_s = exchange.linger_s()
                 if linger_s > 0:
-                    settled = _SlotsSettled(rt, snap, permit.slots, ctx.request_id)
+                    settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
                     permit.release(linger_s, settled.wait)
                 else:
                     permit.release()
