@@ -1,13 +1,18 @@
 """The inference routes: check, admit, forward, relay.
 
 Order matters and is cheapest-refusal first: credentials (no body read for a stranger), readiness (503
-before reading), body size and JSON, model name, the tenant's token cap, the optional prompt-size check
-(before a slot is taken), then admission, then the child. Every step that can wait (queue, first token,
-the stream) runs under the client watch, so a client that leaves releases what it held at once.
+before reading), body size and JSON, model name, the tenant's bounds (``proxy.limits``: ``n``, prompt
+arrays, ``id_slot``, logprobs, token cap; it also says how many slots the request occupies), the
+optional prompt-size check (before a slot is taken), then admission of that many slots, then the
+child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
+client that leaves releases what it held at once.
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
-stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline:
-llama-server sends nothing until it is complete.
+stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
+
+Non-streamed chat and completions are asked of the child as streams and assembled here
+(``proxy.assemble`` says why: it is how a client that leaves stops the child's work at once).
+Answers to keys that may not see prompt-cache hits go through ``proxy.privacy``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from proxy import body as bodies
+from proxy import limits, privacy
+from proxy.assemble import AnswerTooLarge, Assembler
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
+from proxy.settle import SlotsSettled
 from proxy.sse import StreamMeter, count_tokens_in_body
 from proxy.upstream import UpstreamClosed, UpstreamResponse
 
@@ -45,8 +53,8 @@ class _Exchange:
     def linger_s(self) -> float:
         if not self.sent or self.finished:
             return 0.0
-        if self.tpot_s is not None:  # generating: it notices at its next token
-            return min(CHILD_NOTICE_S, 3 * self.tpot_s + 0.05)
+        if self.tpot_s is not None:  # generating: it notices at its next token write
+            return min(CHILD_NOTICE_S, 4 * self.tpot_s + 0.1)
         return CHILD_NOTICE_S
 
 
@@ -58,18 +66,38 @@ _SSE_HEADERS = [
 ]
 
 
-class Inference:
-    """ASGI endpoint for one inference route (chat, completions, embeddings)."""
+class _Plan:
+    """How this request goes to the child and back."""
 
-    def __init__(self, runtime: ProxyRuntime, route: str, embeddings: bool = False) -> None:
+    __slots__ = ("assemble", "hide", "stream")
+
+    def __init__(self, stream: bool, assemble: limits.AssembledKind | None, hide: bool) -> None:
+        self.stream = stream  # the client asked for a stream
+        self.assemble = assemble  # non-streamed for the client, streamed from the child
+        self.hide = hide  # strip prompt-cache detail from the answer
+
+
+class Inference:
+    """ASGI endpoint for one inference route (chat, completions, embeddings). ``kind`` says how
+    ``proxy.limits`` counts its cost (derived from the route when not given)."""
+
+    def __init__(
+        self,
+        runtime: ProxyRuntime,
+        route: str,
+        embeddings: bool = False,
+        kind: limits.RouteKind | None = None,
+    ) -> None:
         self.rt = runtime
         self.route = route
         self.embeddings = embeddings
+        self.kind: limits.RouteKind = kind or ("embedding" if embeddings else limits.route_kind(route))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
         principal = rt.authorize(ctx, self.route, "inference")
+        admin = "admin" in principal.scopes
         tenant = rt.tenant(principal.tenant)
         snap = rt.ready_snapshot()
         if self.embeddings and not snap.embeddings:
@@ -80,36 +108,53 @@ class Inference:
         rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
         if rewrite:
             payload["model"] = snap.model_alias
-        if tenant.max_tokens is not None and not self.embeddings:
-            rewrite = bodies.cap_max_tokens(payload, tenant.max_tokens) or rewrite
+        cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
+        rewrite = cost.rewritten or rewrite
+        stream = payload.get("stream") is True and not self.embeddings
+        if tenant.check_prompt_size:
+            prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
+        assemble = None if stream else limits.assembled_kind(self.route, payload)
+        if assemble is not None:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+            # Progress events while the prompt is processed: the child writes, so it notices a client
+            # that left during a long prompt too, not only once it generates (consumed here, never sent).
+            payload["return_progress"] = True
+            rewrite = True
         if rewrite:
             raw = bodies.dump(payload)
-        stream = payload.get("stream") is True and not self.embeddings
+        plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
 
         async with ClientWatch(receive) as watch:
             if tenant.check_prompt_size:
                 # Re-read: the child may have restarted while the body was on its way.
-                await self._check_prompt_size(rt.ready_snapshot(), payload, ctx.request_id)
-            permit = await rt.admission.acquire(tenant.name)
+                await self._check_prompt_size(rt.ready_snapshot(), prompt_payload, ctx.request_id)
+            permit = await rt.admission.acquire(tenant.name, cost.slots)
             exchange = _Exchange()
             try:
                 ctx.queue_wait_s = permit.queue_wait_s
                 # The child may have restarted while we queued: never mix its old address and new secret.
                 snap = rt.ready_snapshot()
-                await self._forward(snap, raw, stream, send, watch, ctx, exchange)
+                await self._forward(snap, raw, plan, send, watch, ctx, exchange)
             finally:
-                permit.release(exchange.linger_s())
+                linger_s = exchange.linger_s()
+                if linger_s > 0:
+                    settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
+                    permit.release(linger_s, settled.wait)
+                else:
+                    permit.release()
 
     async def _forward(
         self,
         snap: UpstreamSnapshot,
         raw: bytes,
-        stream: bool,
+        plan: _Plan,
         send: Send,
         watch: ClientWatch,
         ctx: RequestContext,
         exchange: _Exchange,
     ) -> None:
+        stream = plan.stream
         timeouts = self.rt.settings.timeouts
         loop = asyncio.get_running_loop()
         total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
@@ -125,12 +170,21 @@ class Inference:
                 try:
                     if stream and response.status == 200:
                         meter = StreamMeter()
+                        rewriter = privacy.SseRewriter() if plan.hide else None
                         await self._relay_stream(
-                            response, send, watch, ctx, meter, deadline, total_at, exchange
+                            response, send, watch, ctx, meter, deadline, total_at, exchange, rewriter
                         )
+                    elif (
+                        plan.assemble is not None
+                        and response.status == 200
+                        and (response.content_type or b"").startswith(b"text/event-stream")
+                    ):
+                        await self._relay_assembled(response, send, watch, ctx, plan, exchange)
                     else:
-                        await self._relay_whole(response, send, watch, ctx)
+                        await self._relay_whole(response, send, watch, ctx, plan.hide)
                     exchange.finished = True
+                except AnswerTooLarge:
+                    raise  # we hang up on a child still generating: its slot lingers like an abandon
                 except UpstreamFailure:
                     exchange.finished = True  # the child hung up: it holds no slot for us any more
                     raise
@@ -156,6 +210,7 @@ class Inference:
         deadline: asyncio.Timeout,
         total_at: float,
         exchange: _Exchange,
+        rewriter: privacy.SseRewriter | None = None,
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         send = ctx.raw_send or send  # headers are out: body chunks go straight to the server
@@ -165,13 +220,19 @@ class Inference:
                 if meter.feed(chunk, clock()):
                     ctx.ttft_s = meter.ttft_from(ctx.started)
                     deadline.reschedule(total_at)  # first token in: only the total deadline is left
+                out = chunk if rewriter is None else rewriter.feed(chunk)
                 if response.at_end:
                     # The child's last chunk ([DONE]) and its end arrived together: one write, not two.
+                    if rewriter is not None:
+                        out += rewriter.flush()
                     exchange.finished = watch.complete = True
-                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    await send({"type": "http.response.body", "body": out, "more_body": False})
                     return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
             exchange.finished = True
+            if rewriter is not None and (rest := rewriter.flush()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamClosed:
             exchange.finished = True  # the child ended it
             error = UpstreamFailure("llama-server closed the stream before it was complete")
@@ -184,23 +245,77 @@ class Inference:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _relay_whole(
-        self, response: UpstreamResponse, send: Send, watch: ClientWatch, ctx: RequestContext
+        self, response: UpstreamResponse, send: Send, watch: ClientWatch, ctx: RequestContext, hide: bool
     ) -> None:
+        limit = self.rt.settings.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
         try:
-            content = await response.read()
+            while (chunk := await response.next_chunk()) is not None:
+                size += len(chunk)
+                if size > limit:
+                    raise AnswerTooLarge(
+                        f"the answer exceeds the proxy's limit of {limit} bytes for non-streamed answers"
+                    )
+                parts.append(chunk)
         except UpstreamClosed:
             raise UpstreamFailure(
                 "llama-server closed the connection before the answer was complete"
             ) from None
+        content = parts[0] if len(parts) == 1 else b"".join(parts)
         if response.status == 200:
             ctx.tokens = count_tokens_in_body(content)
+            if hide:
+                content = privacy.strip_json(content)
         else:
             ctx.outcome = "upstream_error"
+        await self._send_whole(send, watch, response.status, content, response.content_type)
+
+    async def _relay_assembled(
+        self,
+        response: UpstreamResponse,
+        send: Send,
+        watch: ClientWatch,
+        ctx: RequestContext,
+        plan: _Plan,
+        exchange: _Exchange,
+    ) -> None:
+        assert plan.assemble is not None
+        assembler = Assembler(plan.assemble, self.rt.settings.max_response_bytes)
+        meter = StreamMeter()
+        clock = time.monotonic
+        try:
+            while (chunk := await response.next_chunk()) is not None:
+                meter.feed(chunk, clock())
+                assembler.feed(chunk)
+        except UpstreamClosed:
+            raise UpstreamFailure(
+                "llama-server closed the connection before the answer was complete"
+            ) from None
+        finally:
+            # Known while it generates: how soon the child notices if we abandon it (see ``_Exchange``).
+            exchange.tpot_s = meter.tpot()
+        exchange.finished = True
+        status, answer = assembler.answer()
+        if status == 200:
+            usage = answer.get("usage")
+            tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            ctx.tokens = tokens if isinstance(tokens, int) else meter.tokens
+            if plan.hide:
+                answer = privacy.strip(answer)
+        else:
+            ctx.outcome = "upstream_error"
+        await self._send_whole(send, watch, status, bodies.dump(answer), b"application/json")
+
+    @staticmethod
+    async def _send_whole(
+        send: Send, watch: ClientWatch, status: int, content: bytes, content_type: bytes | None
+    ) -> None:
         headers = [
-            (b"content-type", response.content_type or b"application/json"),
+            (b"content-type", content_type or b"application/json"),
             (b"content-length", b"%d" % len(content)),
         ]
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         watch.complete = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
 

@@ -35,6 +35,18 @@ class TenantSettings:
     max_tokens: int | None = None
     # Refuse prompts that cannot fit the per-slot context before they take a slot.
     check_prompt_size: bool = False
+    # Completions per prompt a request may ask for ("n" / "n_cmpl"); each runs in its own slot.
+    max_n: int = 4
+    # Elements of a prompt array ("prompt", "input", "documents"); each is its own task in the child.
+    max_prompts: int = 16
+    # Bound of "n_probs", "logprobs" and "top_logprobs" (OpenAI's own limit for top_logprobs is 20).
+    max_logprobs: int = 20
+    # Show prompt-cache hit details (cached_tokens, timings) to this tenant's inference keys; admin keys
+    # always see them. Off: a tenant cannot tell from them what other tenants asked recently.
+    show_cache_details: bool = False
+    # False forces "cache_prompt": false on every request of this tenant (strict isolation: it never
+    # reuses a cached prefix, so its time to first token says nothing about other tenants' prompts).
+    cache_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,3 +79,5 @@ class ProxySettings:
     drain_timeout_s: float = 30.0
     # One line per request on the ``llamagate.access`` logger (config: logging.access_log).
     access_log: bool = True
+    # Largest non-streamed answer the proxy holds before sending it (the request fails with 502 beyond).
+    max_response_bytes: int = 32 * 1024 * 1024

@@ -176,6 +176,13 @@ class TenantConfig:
     weight: int = setting(1, "share of freed slots when several tenants wait", at_least(1))
     max_tokens: int | None = setting(None, "cap on max_tokens of a request; null = no cap", at_least(1))
     check_prompt_size: bool = setting(False, "refuse prompts longer than the per-slot context up front")
+    max_n: int = setting(4, "completions per prompt a request may ask for (n, n_cmpl)", at_least(1))
+    max_prompts: int = setting(16, "elements of a prompt array (prompt, input, documents)", at_least(1))
+    max_logprobs: int = setting(20, "bound of n_probs, logprobs and top_logprobs", at_least(0))
+    show_cache_details: bool = setting(
+        False, "show prompt-cache hits (cached_tokens, timings) to this tenant's inference keys"
+    )
+    cache_prompt: bool = setting(True, "false: force cache_prompt false (strict cache isolation)")
 
 
 @dataclass(frozen=True)

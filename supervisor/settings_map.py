@@ -24,6 +24,11 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                 weight=t.weight,
                 max_tokens=t.max_tokens,
                 check_prompt_size=t.check_prompt_size,
+                max_n=t.max_n,
+                max_prompts=t.max_prompts,
+                max_logprobs=t.max_logprobs,
+                show_cache_details=t.show_cache_details,
+                cache_prompt=t.cache_prompt,
             )
             for t in cfg.tenants
         ),

@@ -248,13 +248,22 @@ class FakeLlama:
         if chat:
             first = b'{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}'
             writer.write(_chunk(b'data: {"choices":[' + first + tail + b"}\n\n"))
-        piece = (
-            b'{"finish_reason":null,"index":0,"delta":{"content":"tok "}}'
-            if chat
-            else b'{"text":"tok ","index":0,"logprobs":null,"finish_reason":null}'
-        )
-        event = _chunk(b'data: {"choices":[' + piece + tail + b"}\n\n")
+        # The pieces join to the non-streamed text ("tok tok tok"), as the real server's deltas do.
+        events = [
+            _chunk(
+                b'data: {"choices":['
+                + (
+                    b'{"finish_reason":null,"index":0,"delta":{"content":"%s"}}' % word
+                    if chat
+                    else b'{"text":"%s","index":0,"logprobs":null,"finish_reason":null}' % word
+                )
+                + tail
+                + b"}\n\n"
+            )
+            for word in (_WORD.encode(), b" " + _WORD.encode())
+        ]
         for i in range(n):
+            event = events[min(i, 1)]
             if die_after is not None and i >= int(die_after):
                 writer.transport.abort()
                 return False

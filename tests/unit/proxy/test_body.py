@@ -77,3 +77,43 @@ def test_token_cap() -> None:
     assert cap_max_tokens(payload, 64) and payload == {"max_completion_tokens": 64}
     with pytest.raises(BadRequest):
         cap_max_tokens({"max_tokens": "lots"}, 64)
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested more than 64 levels"),
+        (b'{"a":' + b"[" * 65 + b"]" * 65 + b"}", "nested more than 64 levels"),
+        (b'{"a":' + b'{"b":' * 70 + b"1" + b"}" * 70 + b"}", "nested more than 64 levels"),
+        (b'{"a":"\\ud800"}', "lone UTF-16 surrogate"),
+        (b'{"\\udfff":1}', "lone UTF-16 surrogate"),
+        (b'{"a":NaN}', "NaN"),
+        (b'{"a":Infinity}', "Infinity"),
+        (b'{"a":-Infinity}', "-Infinity"),
+        (b'{"a":1e999}', "overflows a double"),
+        (b'{"a":-1e400}', "overflows a double"),
+        (b'{"a":123456789012345678901}', "beyond 64 bits"),
+        ('{"a":1}'.encode("utf-16"), "not UTF-8"),
+        ('{"a":1}'.encode("utf-32"), "not UTF-8"),
+        ('{"a":1}'.encode("utf-16-le"), "not valid JSON"),
+        (b'\xef\xbb\xbf{"a":1}', "not valid JSON"),  # a UTF-8 byte order mark
+    ],
+)
+def test_malformed_json_is_400_naming_the_problem(raw: bytes, said: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_object(raw)
+    assert said in err.value.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":' + b"[" * 63 + b"]" * 63 + b"}",  # 64 levels with the object
+        b'{"a":"\\ud83d\\ude00 a pair is fine","b":"[[[[ brackets in strings ]]]]"}',
+        b'{"a":18446744073709551615,"b":-9223372036854775808,"c":"12345678901234567890123"}',
+        b'{"prompt":' + b"[[1,2]," * 40 + b"[3]" + b"]" * 40 + b"}",
+        b'{"a":1.5e300,"b":[' + b"[1]," * 200 + b"[2]]}",  # many arrays, shallow
+    ],
+)
+def test_acceptable_json_passes(raw: bytes) -> None:
+    assert isinstance(parse_object(raw), dict)
