@@ -51,6 +51,26 @@ class Listener:
 
 
 @dataclass(frozen=True)
+class DoorSettings:
+    """Limits of the listener itself, enforced before a request reaches the app (``proxy.door``)."""
+
+    # Request line (method, target, version) longer than this: 414.
+    max_request_line_bytes: int = 8190
+    # Request line plus all header lines longer than this: 431.
+    max_head_bytes: int = 32768
+    # More header lines than this: 431.
+    max_headers: int = 100
+    # From the first byte of a request head to its end; then the connection is closed (408).
+    head_timeout_s: float = 10.0
+    # Idle connection (new, or between keep-alive requests) with no byte: closed after this.
+    keep_alive_timeout_s: float = 5.0
+    # Open client connections; one more is answered 503 and closed.
+    max_connections: int = 1000
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or CIDRs); () = nobody.
+    forwarded_allow_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ProxySettings:
     listen: Listener = field(default_factory=Listener)
     tenants: tuple[TenantSettings, ...] = ()
@@ -67,3 +87,5 @@ class ProxySettings:
     drain_timeout_s: float = 30.0
     # One line per request on the ``llamagate.access`` logger (config: logging.access_log).
     access_log: bool = True
+    # Limits of the listener itself (request head, deadlines, connections, trusted forwarders).
+    door: DoorSettings = field(default_factory=DoorSettings)

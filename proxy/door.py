@@ -1,0 +1,323 @@
+"""The front door: limits the listener enforces before a request reaches the app, and what it says when it
+cannot accept.
+
+uvicorn with httptools (the protocol ``auto`` picks here) has no limit on the request head's size or header
+count, no deadline for a head that arrives a byte at a time, and arms its keep-alive timer only after a
+first response (a connection that never sends a byte stays open for ever). Its ``limit_concurrency``
+answers 503 only once a head is parsed and logs one warning per refusal, and asyncio's accept loop logs a
+traceback per attempt when file descriptors run out (CPython 3.11 ``_accept_connection`` keeps looping
+``backlog`` times after EMFILE: 2,048 tracebacks per tick). So:
+
+- ``GuardedHttpToolsProtocol`` subclasses uvicorn's ``HttpToolsProtocol`` (selected through
+  ``uvicorn.Config(http=...)``) and adds: request line > ``max_request_line_bytes``: 414; head >
+  ``max_head_bytes`` or more than ``max_headers`` lines: 431 (checked while the head arrives, so an
+  unfinished head never holds more than one read beyond the limit); a deadline from the head's first byte
+  to its end (408, then close); an idle deadline from the connection's start too; one connection over
+  ``max_connections``: 503 with ``Retry-After`` and close. Every refusal is counted and logged at most
+  once per ``LOG_INTERVAL_S`` per reason.
+- ``FrontDoor`` holds the counters, the rate-limited log lines and ``problem()``: why the door cannot take
+  a new connection now (at the cap, or accept failing for want of file descriptors), shown by /readyz.
+- ``ForwardedFor`` believes ``X-Forwarded-For`` only from the configured peers (uvicorn's own default
+  trusts loopback, so any local client could write an address into the access log).
+
+The limits are read from the live settings on each connection, so a SIGHUP reload applies them to new
+connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import httptools
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from proxy.settings import DoorSettings
+
+log = logging.getLogger("llamagate.door")
+
+# One log line per reason per minute at most: a hostile client must not be able to fill the disk.
+LOG_INTERVAL_S = 60.0
+# /readyz says "cannot accept" for this long after the last failed accept (failures come in bursts).
+ACCEPT_ERROR_MEMORY_S = 10.0
+_ACCEPT_ERROR = "socket.accept() out of system resource"
+
+
+class RateLimitedLog:
+    """At most one line per key per interval; the next line says how many were not written."""
+
+    def __init__(
+        self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def event(self, key: str, message: str, level: int = logging.WARNING) -> bool:
+        """Count one event; write a line if the key's interval has passed. True if a line was written."""
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False
+        held = self._held.pop(key, 0)
+        self._last[key] = now
+        suffix = f" ({held} more since the last such line)" if held else ""
+        self.logger.log(level, message + suffix, extra={"fields": {"reason": key, "suppressed": held}})
+        return True
+
+
+class FrontDoor:
+    def __init__(
+        self,
+        settings: Callable[[], DoorSettings],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger = log,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.log = RateLimitedLog(logger, LOG_INTERVAL_S, clock)
+        self.open = 0
+        self.refused: dict[str, int] = {}
+        self._accept_error_at: float | None = None
+
+    def refuse(self, reason: str, message: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        self.log.event(reason, message)
+
+    def accept_failed(self, exc: BaseException | None) -> None:
+        self._accept_error_at = self.clock()
+        what = getattr(exc, "strerror", None) or type(exc).__name__
+        self.refuse(
+            "accept_failed",
+            f"cannot accept new connections: {what} (open file descriptors exhausted?);"
+            f" {self.open} connections open",
+        )
+
+    def problem(self) -> str | None:
+        """Why a new connection would not be served now, or None. Shown by /readyz (no secrets)."""
+        cap = self.settings().max_connections
+        if self.open >= cap:
+            return f"the proxy is at its connection cap ({self.open} open, proxy.max_connections {cap})"
+        at = self._accept_error_at
+        if at is not None and self.clock() - at < ACCEPT_ERROR_MEMORY_S:
+            return "the proxy cannot accept new connections (out of file descriptors)"
+        return None
+
+    def exception_handler(
+        self, previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None
+    ) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
+        """A loop exception handler that turns asyncio's per-attempt accept tracebacks into one counted,
+        rate-limited line (and remembers the failure for /readyz); anything else goes to ``previous``."""
+
+        def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            if context.get("message") == _ACCEPT_ERROR:
+                self.accept_failed(context.get("exception"))
+            elif previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        return handle
+
+    def protocol(self) -> type[HttpToolsProtocol]:
+        """The uvicorn protocol class bound to this door, for ``uvicorn.Config(http=...)``."""
+        return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"door": self})
+
+
+class _Refuse(Exception):
+    """Raised inside a parser callback: httptools stops parsing and ``feed_data`` raises."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+_TYPES = {408: "timeout_error", 503: "unavailable_error"}
+
+
+def _refusal(status: int, message: str, extra: tuple[bytes, ...] = ()) -> bytes:
+    body = json.dumps(
+        {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "code": status}},
+        separators=(",", ":"),
+    ).encode()
+    return b"".join(
+        [
+            STATUS_LINE[status],
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            *extra,
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    door: ClassVar[FrontDoor]
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = self.door.settings()
+        self.timeout_keep_alive = self.limits.keep_alive_timeout_s  # type: ignore[assignment]
+        self._head_open = True  # waiting for (the rest of) a request head
+        self._head_bytes = 0
+        self._header_count = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._over_cap = False
+        self._counted = False
+
+    # --- connection --------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        door = self.door
+        self._over_cap = door.open >= self.limits.max_connections
+        door.open += 1
+        self._counted = True
+        super().connection_made(transport)
+        if self._over_cap:
+            door.refuse(
+                "connection_cap",
+                f"refusing connections: {self.limits.max_connections} open (proxy.max_connections)",
+            )
+        # uvicorn arms its idle timer only after a response: a silent new connection would stay for ever.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self.door.open -= 1
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        counted = self._head_open
+        if counted:
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(_Refuse(400, "upgrade", "protocol upgrades are not served"))
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc.__context__, _Refuse) else None
+            self._refuse(cause or _Refuse(400, "bad_head", "invalid HTTP request"))
+        else:
+            # A chunk that began inside a body is not counted (it may end with the next head's start);
+            # the head's exact size is checked again when it completes.
+            if counted and self._head_open and self._head_bytes > self.limits.max_head_bytes:
+                self._refuse(self._head_too_large())
+
+    # --- parser callbacks --------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_timeout)
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > self.limits.max_request_line_bytes:
+            limit = self.limits.max_request_line_bytes
+            raise _Refuse(414, "request_line", f"request target longer than {limit} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            limit = self.limits.max_headers
+            raise _Refuse(431, "header_count", f"more than {limit} header lines")
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        if size > self.limits.max_head_bytes:
+            raise self._head_too_large()
+        if self._over_cap:
+            raise _Refuse(503, "connection_cap", "too many open connections; retry shortly")
+        self._head_open = False
+        self._head_bytes = 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_open = True
+
+    # --- refusals ----------------------------------------------------------------------------------------
+    def _head_too_large(self) -> _Refuse:
+        limit = self.limits.max_head_bytes
+        return _Refuse(431, "head_size", f"request head larger than {limit} bytes")
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._head_open and not self.transport.is_closing():
+            limit = self.limits.head_timeout_s
+            self._refuse(_Refuse(408, "head_timeout", f"request head not complete within {limit:g} s"))
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _refuse(self, r: _Refuse) -> None:
+        """Answer with the refusal and close: after a broken head the byte stream cannot be trusted."""
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        if r.reason != "connection_cap":  # counted once, when the connection came in
+            self.door.refuse(r.reason, f"refused request heads ({r.status} {r.message})")
+        extra = (b"retry-after: 1\r\n",) if r.status == 503 else ()
+        self.transport.write(_refusal(r.status, r.message, extra))
+        self.transport.close()
+
+
+class ForwardedFor:
+    """Believe ``X-Forwarded-For``/``-Proto`` only from the configured peers (read live: reloadable)."""
+
+    def __init__(self, app: ASGIApp, trusted: Callable[[], tuple[str, ...]]) -> None:
+        self.app = app
+        self.trusted = trusted
+        self._cache: tuple[tuple[str, ...], ASGIApp] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        trusted = self.trusted()
+        if not trusted:
+            await self.app(scope, receive, send)
+            return
+        cached = self._cache
+        if cached is None or cached[0] != trusted:
+            headers: Any = ProxyHeadersMiddleware(self.app, trusted_hosts=list(trusted))  # type: ignore[arg-type]
+            cached = self._cache = (trusted, headers)
+        await cached[1](scope, receive, send)
+
+
+def uvicorn_config(app: ASGIApp, door: FrontDoor, **kwargs: Any) -> uvicorn.Config:
+    """A ``uvicorn.Config`` with the guarded protocol and no header trust of uvicorn's own (``ForwardedFor``
+    does that from the settings). The caller adds lifespan, logging and shutdown options."""
+    return uvicorn.Config(
+        app,
+        http=door.protocol(),
+        proxy_headers=False,
+        forwarded_allow_ips="",
+        timeout_keep_alive=door.settings().keep_alive_timeout_s,  # type: ignore[arg-type]
+        server_header=False,
+        **kwargs,
+    )
