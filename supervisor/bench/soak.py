@@ -429,6 +429,7 @@ def run_soak(
     result["schema"] = SCHEMA
     result["spec"] = {k: v for k, v in asdict(spec).items() if k != "base_config"}
     result["daemon_exit_code"] = exit_code
+    result["daemon_pid"] = launched.proc.pid
     result["provenance"] = provenance.collect(argv, {}, launched={"llamagate": identity})
     (out / "soak.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return result
