@@ -216,7 +216,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(_Refuse(400, "upgrade", "protocol upgrades are not served"))
+            # e.g. curl's "Upgrade: h2c": the request was already dispatched as plain HTTP/1.1 (no
+            # websockets here: ws="none"), as uvicorn does, minus its warning line per request.
+            pass
         except httptools.HttpParserError as exc:
             cause = exc.__context__ if isinstance(exc.__context__, _Refuse) else None
             self._refuse(cause or _Refuse(400, "bad_head", "invalid HTTP request"))
@@ -316,6 +318,7 @@ def uvicorn_config(app: ASGIApp, door: FrontDoor, **kwargs: Any) -> uvicorn.Conf
         app,
         http=door.protocol(),
         proxy_headers=False,
+        ws="none",  # the proxy serves no websocket route
         forwarded_allow_ips="",
         timeout_keep_alive=door.settings().keep_alive_timeout_s,  # type: ignore[arg-type]
         server_header=False,

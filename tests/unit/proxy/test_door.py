@@ -214,6 +214,13 @@ def test_an_ordinary_request_within_the_limits_is_served_and_kept_alive(
     assert served.door.refused == {}
 
 
+def test_an_upgrade_request_is_served_as_plain_http(serve_door: Callable[..., Served]) -> None:
+    served = serve_door(keep_alive_timeout_s=30)
+    with served.connect() as s:
+        assert _get(s, extra=b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n") == b"127.0.0.1"
+    assert served.door.refused == {}
+
+
 def test_a_silent_new_connection_is_closed_after_the_idle_deadline(serve_door: Callable[..., Served]) -> None:
     served = serve_door(keep_alive_timeout_s=0.5)
     with served.connect() as s:
