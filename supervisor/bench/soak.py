@@ -421,15 +421,17 @@ def run_soak(
     folder = out / "llamagate"
     launched = start_llamagate(config, admin_key, folder, progress=progress)
     try:
+        # Before the run: the checkout's commit is the code the daemon imported, not a later one.
+        record = provenance.collect(argv, {}, launched={"llamagate": admin_identity(launched.target)})
         run = _Run(spec, launched, launched.target, keys, folder / "llamagate.yaml", config)
         result = asyncio.run(_drive(run))
-        identity = admin_identity(launched.target)
+        result["final_child_pid"] = _child_pid(run)
     finally:
         exit_code = launched.stop()
     result["schema"] = SCHEMA
     result["spec"] = {k: v for k, v in asdict(spec).items() if k != "base_config"}
     result["daemon_exit_code"] = exit_code
     result["daemon_pid"] = launched.proc.pid
-    result["provenance"] = provenance.collect(argv, {}, launched={"llamagate": identity})
+    result["provenance"] = record
     (out / "soak.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return result

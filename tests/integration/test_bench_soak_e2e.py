@@ -65,7 +65,9 @@ def test_a_short_soak_accounts_for_every_request(
     assert result["daemon_exit_code"] == 0
     identity = result["provenance"]["launched"]["llamagate"]
     assert identity["model"]["sha256"] == demo_model_sha256
-    assert _gone(result["daemon_pid"]) and _gone(identity["status"]["child_pid"])
+    assert result["final_child_pid"] is not None
+    for pid in (result["daemon_pid"], identity["status"]["child_pid"], result["final_child_pid"]):
+        assert _gone(pid), f"process {pid} started by the benchmark is still running"
     for path in out.rglob("*"):  # no key in the results (the config holds digests only)
         if path.is_file():
             assert KEY_PREFIX not in path.read_text(errors="replace"), path
