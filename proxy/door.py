@@ -17,6 +17,9 @@ traceback per attempt when file descriptors run out (CPython 3.11 ``_accept_conn
   once per ``LOG_INTERVAL_S`` per reason.
 - ``FrontDoor`` holds the counters, the rate-limited log lines and ``problem()``: why the door cannot take
   a new connection now (at the cap, or accept failing for want of file descriptors), shown by /readyz.
+  Its loop exception handler turns asyncio's accept errors into one line a minute and, with one
+  descriptor held in reserve (``guard``), answers each waiting connection 503 instead of leaving it in
+  the backlog.
 - ``ForwardedFor`` believes ``X-Forwarded-For`` only from the configured peers (uvicorn's own default
   trusts loopback, so any local client could write an address into the access log).
 
@@ -27,8 +30,11 @@ connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -91,12 +97,28 @@ class FrontDoor:
         self.open = 0
         self.refused: dict[str, int] = {}
         self._accept_error_at: float | None = None
+        self._listeners: dict[int, socket.socket] = {}
+        self._reserve: int | None = None
 
     def refuse(self, reason: str, message: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         self.log.event(reason, message)
 
-    def accept_failed(self, exc: BaseException | None) -> None:
+    def guard(self, listener: socket.socket) -> None:
+        """Hold one descriptor in reserve for ``listener``: when the process runs out, the reserve is
+        let go for a moment to accept a waiting connection, answer it 503 and close it, instead of
+        leaving it unanswered in the backlog (the trick libuv and nginx use)."""
+        self._listeners[listener.fileno()] = listener
+        if self._reserve is None:
+            self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+        self._listeners.clear()
+
+    def accept_failed(self, exc: BaseException | None, listener_fd: int | None = None) -> None:
         self._accept_error_at = self.clock()
         what = getattr(exc, "strerror", None) or type(exc).__name__
         self.refuse(
@@ -104,6 +126,24 @@ class FrontDoor:
             f"cannot accept new connections: {what} (open file descriptors exhausted?);"
             f" {self.open} connections open",
         )
+        listener = self._listeners.get(listener_fd) if listener_fd is not None else None
+        if listener is not None and self._reserve is not None:
+            self._refuse_one(listener)
+
+    def _refuse_one(self, listener: socket.socket) -> None:
+        assert self._reserve is not None
+        os.close(self._reserve)
+        self._reserve = None
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            conn = None  # nothing waiting (or another thread took the descriptor): nothing to refuse
+        if conn is not None:
+            with conn, contextlib.suppress(OSError):
+                conn.setblocking(False)
+                conn.send(_OUT_OF_FDS)
+        with contextlib.suppress(OSError):
+            self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def problem(self) -> str | None:
         """Why a new connection would not be served now, or None. Shown by /readyz (no secrets)."""
@@ -123,7 +163,8 @@ class FrontDoor:
 
         def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
             if context.get("message") == _ACCEPT_ERROR:
-                self.accept_failed(context.get("exception"))
+                sock = context.get("socket")
+                self.accept_failed(context.get("exception"), sock.fileno() if sock is not None else None)
             elif previous is not None:
                 previous(loop, context)
             else:
@@ -162,6 +203,11 @@ def _refusal(status: int, message: str, extra: tuple[bytes, ...] = ()) -> bytes:
             body,
         ]
     )
+
+
+_OUT_OF_FDS = _refusal(
+    503, "the server cannot take more connections now; retry shortly", (b"retry-after: 1\r\n",)
+)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):

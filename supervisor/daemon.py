@@ -183,6 +183,7 @@ class Daemon:
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self.door.exception_handler(previous_handler))
+        self.door.guard(sock)
         config = uvicorn_config(
             ForwardedFor(self.app, lambda: self.runtime.settings.door.forwarded_allow_ips),
             self.door,
@@ -224,6 +225,7 @@ class Daemon:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             loop.set_exception_handler(previous_handler)
+            self.door.close()
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)

@@ -403,6 +403,8 @@ _FD_SERVER = textwrap.dedent(
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(2048)
+        sock.setblocking(False)
+        door.guard(sock)
         server = uvicorn.Server(uvicorn_config(app, door, log_config=None, access_log=False, lifespan="off"))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
@@ -439,6 +441,13 @@ def test_out_of_file_descriptors_logs_one_line_and_readiness_says_so(tmp_path: P
             held.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
         assert _wait(lambda: _get(first, "/problem") != b"none")
         assert _get(first, "/problem") == b"the proxy cannot accept new connections (out of file descriptors)"
+        # A connection beyond the descriptors is answered (503, or closed if the answer raced its
+        # request), not left waiting in the backlog: the door's reserve descriptor accepts and refuses it.
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as late:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                late.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            answer = _read_until_closed(late)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:200]
     finally:
         for s in held:
             s.close()
