@@ -332,8 +332,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if r.reason != "connection_cap":  # counted once, when the connection came in
             self.door.refuse(r.reason, f"refused request heads ({r.status} {r.message})")
-        extra = (b"retry-after: 1\r\n",) if r.status == 503 else ()
-        self.transport.write(_refusal(r.status, r.message, extra))
+        if self.cycle is None or self.cycle.response_complete:
+            extra = (b"retry-after: 1\r\n",) if r.status == 503 else ()
+            self.transport.write(_refusal(r.status, r.message, extra))
+        # else: a pipelined head behind an answer still being written; a status line now would land
+        # inside that answer, so the connection just closes.
         self.transport.close()
 
 
