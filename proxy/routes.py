@@ -66,10 +66,14 @@ class Readyz:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SCOPE_KEY].route = "/readyz"
         snap = self.rt.snapshot()
+        # The child may be fine while the proxy itself cannot take a new connection (at its cap, out of
+        # file descriptors): a load balancer must hear that too.
+        door = self.rt.door.problem() if self.rt.door is not None else None
+        ready = snap.ready and door is None
         body: dict[str, object] = {
             "state": snap.state,
-            "ready": snap.ready,
-            "reason": snap.reason,
+            "ready": ready,
+            "reason": door or snap.reason,
             "model": snap.model_alias,
             "slots": snap.slots,
             "ctx_per_slot": snap.ctx_per_slot,
@@ -78,7 +82,7 @@ class Readyz:
             "queued": self.rt.queued,
         }
         body.update({k: v for k, v in snap.info.items() if k not in body})
-        if snap.ready:
+        if ready:
             await send_json(send, 200, body)
         else:
             scope[SCOPE_KEY].outcome = "not_ready"  # the access log must not call a failed probe ok

@@ -11,6 +11,7 @@ from __future__ import annotations
 from proxy.admission import Admission
 from proxy.auth import KeyTable, Principal, require
 from proxy.context import RequestContext
+from proxy.door import FrontDoor
 from proxy.errors import Forbidden, NotReady
 from proxy.idle import IdleWaiters
 from proxy.metrics import ProxyMetrics
@@ -33,6 +34,8 @@ class ProxyRuntime:
         self.upstream = Upstream(settings.timeouts)
         self._active = 0
         self._idle = IdleWaiters()
+        # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
+        self.door: FrontDoor | None = None
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:

@@ -63,6 +63,26 @@ class Listener:
 
 
 @dataclass(frozen=True)
+class DoorSettings:
+    """Limits of the listener itself, enforced before a request reaches the app (``proxy.door``)."""
+
+    # Request line (method, target, version) longer than this: 414.
+    max_request_line_bytes: int = 8190
+    # Request line plus all header lines longer than this: 431.
+    max_head_bytes: int = 32768
+    # More header lines than this: 431.
+    max_headers: int = 100
+    # From the first byte of a request head to its end; then the connection is closed (408).
+    head_timeout_s: float = 10.0
+    # Idle connection (new, or between keep-alive requests) with no byte: closed after this.
+    keep_alive_timeout_s: float = 5.0
+    # Open client connections; one more is answered 503 and closed.
+    max_connections: int = 1000
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or CIDRs); () = nobody.
+    forwarded_allow_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ProxySettings:
     listen: Listener = field(default_factory=Listener)
     tenants: tuple[TenantSettings, ...] = ()
@@ -81,3 +101,5 @@ class ProxySettings:
     access_log: bool = True
     # Largest non-streamed answer the proxy holds before sending it (the request fails with 502 beyond).
     max_response_bytes: int = 32 * 1024 * 1024
+    # Limits of the listener itself (request head, deadlines, connections, trusted forwarders).
+    door: DoorSettings = field(default_factory=DoorSettings)

@@ -10,6 +10,7 @@ test fails when a key is missing from the reference).
 # ruff: noqa: RUF009 - setting()/section() return dataclasses.field(...), which ruff cannot see through
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,15 @@ def matches(pattern: str, what: str) -> Check:
     return lambda v: None if v is None or rx.fullmatch(v) else f"must be {what}"
 
 
+def ip_or_network(v: Any) -> str | None:
+    for item in v:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (CIDR)"
+    return None
+
+
 SHA256 = matches(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
 NAME = matches(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a name of letters, digits, '.', '_' or '-' (max 64)")
 
@@ -97,6 +107,23 @@ class ProxyConfig:
     timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
     metrics_listener: ListenerConfig | None = setting(
         None, "separate unauthenticated /metrics listener (loopback only); null = off"
+    )
+    forwarded_allow_ips: tuple[str, ...] = setting(
+        (), "peers (addresses or CIDRs) whose X-Forwarded-For is believed; [] = nobody", ip_or_network
+    )
+    max_request_line_bytes: int = setting(8190, "longest request line; longer: 414", at_least(256))
+    max_head_bytes: int = setting(
+        32768, "largest request head (request line + headers); larger: 431", at_least(1024)
+    )
+    max_headers: int = setting(100, "most header lines in a request; more: 431", at_least(8))
+    head_timeout_s: float = setting(
+        10.0, "from a request head's first byte to its end; then 408 and close", positive
+    )
+    keep_alive_timeout_s: float = setting(
+        5.0, "an idle connection (new or between requests) is closed after this", positive
+    )
+    max_connections: int = setting(
+        1000, "open client connections; one more gets 503 and is closed", at_least(1)
     )
 
 

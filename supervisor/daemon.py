@@ -33,6 +33,7 @@ from typing import Any
 import uvicorn
 
 from proxy.app import create_app
+from proxy.door import ForwardedFor, FrontDoor, uvicorn_config
 from proxy.settings import KeyEntry
 from supervisor.config import load_config
 from supervisor.config_diff import diff as _diff
@@ -135,6 +136,8 @@ class Daemon:
             extra_collectors=self.observability.collectors,
         )
         self.runtime: Any = self.app.state.runtime
+        self.door = FrontDoor(lambda: self.runtime.settings.door)
+        self.runtime.door = self.door
         self.notifier = Notifier.from_env()
         self.reporter = SystemdReporter(self.notifier)
         self.supervisor.observers.append(self.reporter.on_state_change)
@@ -169,7 +172,9 @@ class Daemon:
     # --- the loop ------------------------------------------------------------------------------------
     async def run(self, sock: socket.socket) -> int:
         try:
-            await self.observability.start(self.runtime.metrics)
+            await self.observability.start(
+                self.runtime.metrics, FrontDoor(lambda: self.runtime.settings.door)
+            )
         except BaseException:
             await self._close()
             raise
@@ -177,11 +182,14 @@ class Daemon:
         handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         for sig in handled:
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
-        config = uvicorn.Config(
-            self.app,
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self.door.exception_handler(previous_handler))
+        self.door.guard(sock)
+        config = uvicorn_config(
+            ForwardedFor(self.app, lambda: self.runtime.settings.door.forwarded_allow_ips),
+            self.door,
             log_config=None,
             access_log=False,  # the proxy writes its own access log, without query strings or keys
-            server_header=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
         )
@@ -217,6 +225,8 @@ class Daemon:
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)
+            loop.set_exception_handler(previous_handler)
+            self.door.close()
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)

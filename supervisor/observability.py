@@ -14,6 +14,7 @@ import socket
 
 import uvicorn
 
+from proxy.door import FrontDoor, uvicorn_config
 from proxy.llama_metrics import LlamaServerMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.metrics_listener import create_metrics_app
@@ -37,8 +38,9 @@ class Observability:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self, metrics: ProxyMetrics) -> None:
-        """Open the loopback listener if configured; raises ``StartupError`` if its port is taken."""
+    async def start(self, metrics: ProxyMetrics, door: FrontDoor | None = None) -> None:
+        """Open the loopback listener if configured; raises ``StartupError`` if its port is taken.
+        ``door``: its limits (the same as the main listener's, counted apart)."""
         # Local import: the daemon imports this module. Same bind (fails fast, names the address) and the
         # same signal-less uvicorn server as the main listener.
         from supervisor.daemon import _Server, bind_listener
@@ -47,13 +49,12 @@ class Observability:
         if listener is None:
             return
         sock = bind_listener(listener.host, listener.port)
-        config = uvicorn.Config(
-            create_metrics_app(metrics),
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            lifespan="off",
-        )
+        app = create_metrics_app(metrics)
+        kwargs = {"log_config": None, "access_log": False, "lifespan": "off"}
+        if door is not None:
+            config = uvicorn_config(app, door, **kwargs)
+        else:
+            config = uvicorn.Config(app, server_header=False, **kwargs)  # type: ignore[arg-type]
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="metrics-listener")
         log.info(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proxy.settings import KeyEntry, Listener, ProxySettings, TenantSettings, Timeouts
+from proxy.settings import DoorSettings, KeyEntry, Listener, ProxySettings, TenantSettings, Timeouts
 from supervisor.config_schema import Config
 
 
@@ -48,4 +48,13 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         ),
         drain_timeout_s=p.drain_timeout_s,
         access_log=cfg.logging.access_log,
+        door=DoorSettings(
+            max_request_line_bytes=p.max_request_line_bytes,
+            max_head_bytes=p.max_head_bytes,
+            max_headers=p.max_headers,
+            head_timeout_s=p.head_timeout_s,
+            keep_alive_timeout_s=p.keep_alive_timeout_s,
+            max_connections=p.max_connections,
+            forwarded_allow_ips=p.forwarded_allow_ips,
+        ),
     )

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import uvicorn
 
 from proxy.app import create_app
+from proxy.door import FrontDoor, uvicorn_config
 from proxy.readiness import UpstreamSnapshot
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings
 from supervisor import logs
@@ -61,9 +62,16 @@ async def _serve(args: argparse.Namespace) -> None:
         generation=1,
         retry_after_s=1.0,
     )
-    app = create_app(build_settings(args), FixedUpstream(snap))
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, lifespan="on"
+    settings = build_settings(args)
+    app = create_app(settings, FixedUpstream(snap))
+    config = uvicorn_config(
+        app,
+        FrontDoor(lambda: settings.door),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

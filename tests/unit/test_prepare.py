@@ -105,7 +105,7 @@ def test_a_model_changed_after_its_hash_was_cached_is_refused(tmp_path: Path) ->
     data[-1] ^= 0xFF  # same size, one byte different
     model.write_bytes(bytes(data))
     os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    with pytest.raises(Misconfigured, match="llama.model.sha256: .* sha256 mismatch"):
+    with pytest.raises(Misconfigured, match=r"llama\.model\.sha256: .* sha256 mismatch"):
         prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)
 
 
