@@ -16,8 +16,9 @@ from starlette.types import Receive
 from proxy.disconnect import ClientGone
 from proxy.errors import BadRequest, ModelNotFound, PayloadTooLarge
 
-# Fields that bound the number of generated tokens, in the OpenAI API and llama.cpp's own.
-_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+# Fields that bound the number of generated tokens, in the OpenAI API (Responses: max_output_tokens)
+# and llama.cpp's own.
+_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 
 async def read_body(receive: Receive, content_length: int | None, limit: int) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from proxy.admission import Admission
 from proxy.auth import KeyTable, Principal, require
 from proxy.context import RequestContext
+from proxy.counting import CountRate
 from proxy.errors import Forbidden, NotReady
 from proxy.idle import IdleWaiters
 from proxy.metrics import ProxyMetrics
@@ -33,6 +34,7 @@ class ProxyRuntime:
         self.upstream = Upstream(settings.timeouts)
         self._active = 0
         self._idle = IdleWaiters()
+        self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:
@@ -46,6 +48,7 @@ class ProxyRuntime:
         self._apply(settings)
         self.upstream.timeouts = settings.timeouts
         self.admission.reconfigure(settings.tenants)
+        self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
 
     @property
     def in_flight(self) -> int:

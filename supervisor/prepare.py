@@ -188,6 +188,7 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
         extra_args=llama.extra_args,
         prompt_cache_mib=llama.prompt_cache_mib,
         ctx_checkpoints=llama.ctx_checkpoints,
+        reranking=llama.reranking,
     )
 
 
