@@ -86,7 +86,7 @@ class Inference:
         tenant = rt.tenant(principal.tenant)
         snap = rt.ready_snapshot()
         if self.needs is not None and not getattr(snap, self.needs, False):
-            raise NotFound(f"{self.needs} are not enabled on this server (llama.{self.needs}: false)")
+            raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
         settings = rt.settings
         raw = await bodies.read_body(receive, ctx.content_length, settings.max_body_bytes)
         payload = bodies.parse_object(raw)
