@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import anthropic
@@ -39,7 +40,14 @@ def ttft_count(d: Daemon) -> float:
 
 def test_official_clients_on_every_new_route(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory({"proxy": {"cors": {"allowed_origins": [ORIGIN]}, "anonymous_tenant": "default"}})
-    openai = OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0)
+    with ExitStack() as clients:
+        _official_clients(d, clients)
+
+
+def _official_clients(d: Daemon, clients: ExitStack) -> None:
+    # Every client is closed at the end: a socket left to the garbage collector fails the test run.
+    v1 = d.base_url + "/v1"
+    openai = clients.enter_context(OpenAI(base_url=v1, api_key=d.inference_key, max_retries=0))
 
     # OpenAI Responses, plain and streamed.
     before = ttft_count(d)
@@ -53,7 +61,9 @@ def test_official_clients_on_every_new_route(daemon_factory: DaemonFactory) -> N
     assert ttft_count(d) == before + 1  # the streamed one
 
     # Anthropic Messages with Anthropic's client: base_url at llamagate, the key as its api_key.
-    claude = anthropic.Anthropic(base_url=d.base_url, api_key=d.inference_key, max_retries=0)
+    claude = clients.enter_context(
+        anthropic.Anthropic(base_url=d.base_url, api_key=d.inference_key, max_retries=0)
+    )
     message = claude.messages.create(
         model=MODEL, max_tokens=8, messages=[{"role": "user", "content": PROMPT}]
     )
@@ -127,7 +137,7 @@ def test_official_clients_on_every_new_route(daemon_factory: DaemonFactory) -> N
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
 
     # A client configured without /v1 uses the unversioned paths.
-    bare = OpenAI(base_url=d.base_url, api_key=d.inference_key, max_retries=0)
+    bare = clients.enter_context(OpenAI(base_url=d.base_url, api_key=d.inference_key, max_retries=0))
     chat = bare.chat.completions.create(
         model=MODEL, max_tokens=4, messages=[{"role": "user", "content": PROMPT}]
     )
@@ -135,7 +145,9 @@ def test_official_clients_on_every_new_route(daemon_factory: DaemonFactory) -> N
     assert bare.responses.create(model=MODEL, input=PROMPT, max_output_tokens=4).output_text
 
     # Anonymous mode: the SDKs' placeholder key from loopback is the anonymous tenant.
-    placeholder = OpenAI(base_url=d.base_url + "/v1", api_key="sk-no-key-required", max_retries=0)
+    placeholder = clients.enter_context(
+        OpenAI(base_url=d.base_url + "/v1", api_key="sk-no-key-required", max_retries=0)
+    )
     assert placeholder.responses.create(model=MODEL, input=PROMPT, max_output_tokens=2).output_text
     r = httpx.post(
         d.base_url + "/v1/chat/completions",
