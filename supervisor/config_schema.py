@@ -117,7 +117,9 @@ class ProxyConfig:
     max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted", at_least(1024))
     model_aliases: tuple[str, ...] = setting((), "other names accepted in a request's model field")
     anonymous_tenant: str | None = setting(
-        None, "tenant for credential-less requests from loopback clients only; null = off"
+        None,
+        "tenant for credential-less requests from loopback clients only (a bearer token not starting"
+        " with lg_, an SDK placeholder, counts as none); null = off",
     )
     drain_timeout_s: float = setting(30.0, "on stop, how long in-flight requests may finish", at_least(0))
     timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
