@@ -48,7 +48,7 @@ class CorsMiddleware:
             headers = [
                 (b"access-control-allow-origin", value),
                 (b"access-control-allow-methods", ", ".join(cors.allowed_methods).encode()),
-                (b"access-control-allow-headers", ", ".join(cors.allowed_headers).encode()),
+                (b"access-control-allow-headers", _allow_headers(cors, scope)),
                 (b"access-control-max-age", b"%d" % cors.max_age_s),
                 (b"vary", b"Origin"),
                 (b"content-length", b"0"),
@@ -75,6 +75,14 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def _allow_headers(cors: CorsSettings, scope: Scope) -> bytes:
+    """The configured list; with "*" in it, whatever the preflight asks for (browser SDKs add their own
+    headers, e.g. ``x-stainless-*``), echoed, since a literal "*" never covers ``Authorization``."""
+    if "*" in cors.allowed_headers:
+        return _header(scope, b"access-control-request-headers") or b""
+    return ", ".join(cors.allowed_headers).encode()
 
 
 def _allowed(cors: CorsSettings, origin: bytes) -> bool:

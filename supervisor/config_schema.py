@@ -96,7 +96,7 @@ class CorsConfig:
     )
     allowed_headers: tuple[str, ...] = setting(
         ("authorization", "content-type", "x-api-key", "anthropic-version", "x-request-id"),
-        "request headers a preflight allows",
+        "request headers a preflight allows ('*' = whatever the preflight asks for)",
     )
     allowed_methods: tuple[str, ...] = setting(("GET", "POST"), "methods a preflight allows")
     max_age_s: int = setting(600, "how long a browser may cache a preflight answer", at_least(0))

@@ -102,6 +102,10 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
         assert native[-1]["stop"] is True and any(e["content"] for e in native)
         assert ttft_count(d) == before + 4
 
+        # /infill is routed to the child, which refuses a model without fill-in-the-middle tokens.
+        r = c.post("/infill", json={"input_prefix": "def f(", "input_suffix": "):", "n_predict": 3})
+        assert r.status_code == 501 and "Infill is not supported" in r.json()["error"]["message"]
+
         # Counting without a slot, for an inference key.
         chat_body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}
         r = c.post("/v1/chat/completions/input_tokens", json=chat_body)

@@ -5,10 +5,11 @@ metric labels. Streams of each format against the real child are in tests/integr
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import httpx
 
-from proxy.settings import CorsSettings
+from proxy.settings import CorsSettings, TenantSettings
 from tests.unit.proxy.conftest import ProxyFactory
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -94,10 +95,13 @@ async def test_cors_preflight_before_auth_and_allow_origin_on_answers(proxy_fact
             assert [line async for line in s.aiter_lines() if line][-1] == "data: [DONE]"
         r = await c.post("/v1/chat/completions", json=CHAT, headers={**other, **key})
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
-        # "*" answers "*" and never with credentials.
-        p.runtime.reload(dataclasses.replace(p.settings, cors=CorsSettings(allowed_origins=("*",))))
-        r = await c.options("/v1/models", headers={**other, "access-control-request-method": "GET"})
+        # "*" answers "*" and never with credentials; "*" headers echo what the preflight asks for.
+        anything = CorsSettings(allowed_origins=("*",), allowed_headers=("*",))
+        p.runtime.reload(dataclasses.replace(p.settings, cors=anything))
+        asks = {"access-control-request-method": "GET", "access-control-request-headers": "x-stainless-os"}
+        r = await c.options("/v1/models", headers={**other, **asks})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+        assert r.headers["access-control-allow-headers"] == "x-stainless-os"
         assert "access-control-allow-credentials" not in r.headers
 
 
@@ -169,3 +173,23 @@ async def test_every_route_is_labeled_by_its_own_path(proxy_factory: ProxyFactor
         text = (await c.get("/metrics", headers=admin)).text
         for route in ("/v1/messages", "/completion", "/tokenize", "/health"):
             assert f'route="{route}"' in text, route
+
+
+async def test_generation_routes_are_token_capped_and_model_checked(proxy_factory: ProxyFactory) -> None:
+    """The tenant's max_tokens reaches every generation dialect's own field (or max_tokens, which
+    llama-server reads on all of them), and a model the server does not serve is refused before a slot."""
+    tenants = (TenantSettings("team", max_concurrency=4, max_queue=8, max_tokens=5),)
+    async with proxy_factory(tenants=tenants) as p, p.client() as c:
+        cases = [
+            ("/v1/responses", {"input": "x", "max_output_tokens": 500}, "max_output_tokens"),
+            ("/responses", {"input": "x"}, "max_tokens"),
+            ("/v1/messages", {"messages": [], "max_tokens": 500}, "max_tokens"),
+            ("/completion", {"prompt": "x", "n_predict": 500}, "n_predict"),
+            ("/infill", {"input_prefix": "a", "input_suffix": "b"}, "max_tokens"),
+        ]
+        for route, body, field in cases:
+            headers = {"x-api-key": p.keys["user"]} if route == "/v1/messages" else {}
+            await c.post(route, json=body, headers=headers)
+            assert json.loads(p.fake.last_body)[field] == 5, route
+            r = await c.post(route, json={**body, "model": "other-model"}, headers=headers)
+            assert r.status_code == 404, route
