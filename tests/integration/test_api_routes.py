@@ -223,7 +223,8 @@ def test_every_streaming_format_is_admitted_measured_and_freed(daemon_factory: D
 
         for route, body, token_marker in STREAMS:
             # The 200 goes out when a slot starts the prompt: from here the tenant's one permit is taken.
-            with c.stream("POST", route, json=body(LONG, 2000)) as held:
+            # Its own prompt per route: a prefix cached from the previous route would be skipped.
+            with c.stream("POST", route, json=body(f"{route} {LONG}", 2000)) as held:
                 assert held.status_code == 200, route
                 assert busy_slots() == 1, route  # the child is working on it
                 # The tenant's queue holds none: refused at once, with Retry-After, in the route's shape.
