@@ -39,7 +39,12 @@ def ttft_count(d: Daemon) -> float:
 
 
 def test_official_clients_on_every_new_route(daemon_factory: DaemonFactory) -> None:
-    d = daemon_factory({"proxy": {"cors": {"allowed_origins": [ORIGIN]}, "anonymous_tenant": "default"}})
+    d = daemon_factory(
+        {
+            "proxy": {"cors": {"allowed_origins": [ORIGIN]}, "anonymous_tenant": "default"},
+            "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 8, "check_prompt_size": True}],
+        }
+    )
     with ExitStack() as clients:
         _official_clients(d, clients)
 
@@ -101,6 +106,18 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
             native = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
         assert native[-1]["stop"] is True and any(e["content"] for e in native)
         assert ttft_count(d) == before + 4
+
+        # check_prompt_size counts Responses and Messages prompts with the child's own counting routes.
+        huge = "word " * 5000
+        r = c.post("/v1/responses", json={"model": MODEL, "input": huge, "max_output_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+        assert r.json()["error"]["n_prompt_tokens"] >= 5000
+        r = c.post(
+            "/v1/messages",
+            json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": huge}]},
+        )
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
 
         # /infill is routed to the child, which refuses a model without fill-in-the-middle tokens.
         r = c.post("/infill", json={"input_prefix": "def f(", "input_suffix": "):", "n_predict": 3})
@@ -168,6 +185,10 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
     assert {"/v1/messages/count_tokens", "/v1/chat/completions/input_tokens", "/responses"} <= routes
     for route in ("/v1/messages", "/v1/responses", "/completion"):  # streamed and measured
         assert any(r.get("ttft_ms") and r.get("tokens") for r in access if r.get("route") == route), route
+    assert [r.get("route") for r in access if r.get("outcome") == "rejected:context_size"] == [
+        "/v1/responses",
+        "/v1/messages",
+    ]  # refused by the proxy before a slot, not by the child
     text = d.log_text()
     assert "QUOKKA" not in text and d.inference_key not in text
 
