@@ -58,6 +58,10 @@ async def test_counting_routes_take_no_slot_and_are_rate_bounded_per_tenant(
         assert (await c.post("/tokenize", json={"content": "x"}, headers=other)).status_code == 200
 
 
+def requests_counted(exposition: bytes) -> list[bytes]:
+    return [line for line in exposition.splitlines() if line.startswith(b"llamagate_requests_total")]
+
+
 async def test_cors_is_off_by_default(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory() as p, p.client() as c:
         origin = {"origin": "https://app.example"}
@@ -75,8 +79,10 @@ async def test_cors_preflight_before_auth_and_allow_origin_on_answers(proxy_fact
     async with proxy_factory(cors=cors) as p, p.client(None) as c:
         ok, other = {"origin": "https://app.example"}, {"origin": "https://evil.example"}
         pre = {"access-control-request-method": "POST", "access-control-request-headers": "authorization"}
+        counted = requests_counted(p.runtime.metrics.render())
         r = await c.options("/v1/chat/completions", headers={**ok, **pre})  # no key at all
         assert r.status_code == 200
+        assert requests_counted(p.runtime.metrics.render()) == counted  # a preflight is not a request
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         assert "POST" in r.headers["access-control-allow-methods"]
         assert "authorization" in r.headers["access-control-allow-headers"]
@@ -122,6 +128,9 @@ async def test_messages_route_takes_x_api_key_and_answers_anthropic_errors(
         assert p.fake.last_headers["authorization"] != f"Bearer {p.keys['user']}"  # the per-boot secret
         r = await c.post("/v1/messages/count_tokens", json=MESSAGES, headers={"x-api-key": "lg_bad"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        # Authorization wins over x-api-key when both are sent.
+        both = {"authorization": "Bearer lg_000000000000_" + "A" * 43, "x-api-key": p.keys["user"]}
+        assert (await c.post("/v1/messages", json=MESSAGES, headers=both)).status_code == 401
         # x-api-key means nothing on the OpenAI routes.
         r = await c.post("/v1/chat/completions", json=CHAT, headers={"x-api-key": p.keys["user"]})
         assert r.status_code == 401 and "error" in r.json() and "type" in r.json()["error"]
