@@ -245,7 +245,12 @@ class Health:
             await send_json(send, 200, {"status": "ok"})
             return
         retry = NotReady("", snap.retry_after_s).headers["retry-after"].encode()
-        message = "Loading model" if snap.state == "STARTING" else f"llama-server is not ready ({snap.state})"
+        # The reason is public already (/readyz shows it); "Loading model" is llama-server's own word.
+        message = (
+            "Loading model"
+            if snap.state == "STARTING"
+            else f"llama-server is not ready ({snap.reason or snap.state})"
+        )
         error = {"message": message, "type": "unavailable_error", "code": 503}
         await send_json(send, 503, {"error": error}, [(b"retry-after", retry)])
 

@@ -27,7 +27,7 @@ async def test_health_answers_as_llama_server_from_readiness(proxy_factory: Prox
         assert r.json() == {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
         p.source.update(state="READY", reason="draining")  # ready=False still: a draining daemon
         r = await c.get("/v1/health")
-        assert r.status_code == 503 and "READY" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "draining" in r.json()["error"]["message"]
 
 
 async def test_props_hides_machine_fields_from_inference_keys(proxy_factory: ProxyFactory) -> None:
