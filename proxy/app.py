@@ -1,10 +1,12 @@
 """``create_app``: the Starlette application that is the only door to llama-server.
 
 The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
-``RequestContextMiddleware`` (request id, error mapping, access log, metrics) around a dict lookup from
-path to a pure-ASGI endpoint. Starlette's default stack (ServerErrorMiddleware, ExceptionMiddleware and
-a regex router) is not on the request path; its router still handles lifespan. Nothing in the chain
-buffers a response body. ``app.add_middleware`` therefore has no effect on requests: add layers here.
+``CorsMiddleware`` (a no-op unless ``proxy.cors`` lists origins) and ``RequestContextMiddleware``
+(request id, error mapping, access log, metrics) around a dict lookup from path to a pure-ASGI endpoint
+(one per row of ``proxy.route_table``). Starlette's default stack (ServerErrorMiddleware,
+ExceptionMiddleware and a regex router) is not on the request path; its router still handles lifespan.
+Nothing in the chain buffers a response body. ``app.add_middleware`` therefore has no effect on
+requests: add layers here.
 
 The daemon reads ``app.state.runtime`` (a ``ProxyRuntime``) for drain, reload and counters.
 """
@@ -22,33 +24,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
+from proxy.cors import CorsMiddleware
+from proxy.endpoints import routes as table_routes
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.inference import Inference
 from proxy.metrics import AdmissionCollector, ProxyMetrics, Refreshable
 from proxy.readiness import UpstreamSource
-from proxy.routes import Healthz, Identity, Metrics, Passthrough, Readyz
+from proxy.route_table import served_paths
 from proxy.runtime import ProxyRuntime
 from proxy.settings import ProxySettings
 
-_PROBES = frozenset({"/healthz", "/readyz"})
-
-
-def _routes(rt: ProxyRuntime) -> list[Route]:
-    post, get = ["POST"], ["GET"]
-    return [
-        Route("/v1/chat/completions", Inference(rt, "/v1/chat/completions"), methods=post),
-        Route("/v1/completions", Inference(rt, "/v1/completions"), methods=post),
-        Route("/v1/embeddings", Inference(rt, "/v1/embeddings", embeddings=True), methods=post),
-        Route("/v1/models", Passthrough(rt, "/v1/models", "inference"), methods=get),
-        Route("/healthz", Healthz(), methods=get),
-        Route("/readyz", Readyz(rt), methods=get),
-        Route("/metrics", Metrics(rt), methods=get),
-        Route("/admin/identity", Identity(rt), methods=get),
-        Route("/slots", Passthrough(rt, "/slots", "admin", need_ready=False), methods=get),
-        Route("/props", Passthrough(rt, "/props", "admin", need_ready=False), methods=get),
-        Route("/tokenize", Passthrough(rt, "/tokenize", "admin"), methods=post),
-        Route("/detokenize", Passthrough(rt, "/detokenize", "admin"), methods=post),
-    ]
+_PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 
 
 class _Dispatch:
@@ -135,8 +120,11 @@ def create_app(
             await runtime.aclose()
 
     def wrap(inner: ASGIApp) -> ASGIApp:
-        return RequestContextMiddleware(inner, observe=observe, active=runtime.track_active)
+        # CORS outermost: a preflight is answered before authentication, and the allow-origin header is
+        # added to every answer, the context layer's error answers included.
+        context = RequestContextMiddleware(inner, observe=observe, active=runtime.track_active)
+        return CorsMiddleware(context, lambda: runtime.settings.cors, served_paths())
 
-    app = ProxyApp(_routes(runtime), wrap, lifespan)
+    app = ProxyApp(table_routes(runtime), wrap, lifespan)
     app.state.runtime = runtime
     return app

@@ -74,6 +74,11 @@ class KeyTable:
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("malformed credentials: expected 'Authorization: Bearer <key>'")
         token = token.strip()
+        if self._anonymous is not None and not token.startswith(KEY_PREFIX) and _is_loopback(client_host):
+            # The OpenAI and Anthropic SDKs refuse to run without an api_key, so clients of an anonymous
+            # local server send a placeholder ("sk-no-key", "EMPTY"...). Anything that is not even
+            # shaped like our keys is that placeholder; a malformed llamagate key is still refused below.
+            return self._anonymous
         match = _KEY_RE.fullmatch(token)
         if match is None:
             raise Unauthorized("malformed API key")

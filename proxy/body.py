@@ -26,8 +26,9 @@ from starlette.types import Receive
 from proxy.disconnect import ClientGone
 from proxy.errors import BadRequest, ModelNotFound, PayloadTooLarge
 
-# Fields that bound the number of generated tokens, in the OpenAI API and llama.cpp's own.
-_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+# Fields that bound the number of generated tokens, in the OpenAI API (Responses: max_output_tokens)
+# and llama.cpp's own.
+_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 # Deepest nesting of arrays and objects accepted. Real requests (tool and JSON schemas included) stay far
 # below; Python's parser itself gives up near 1,000.

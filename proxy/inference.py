@@ -32,7 +32,7 @@ from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTim
 from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
 from proxy.settle import SlotsSettled
-from proxy.sse import StreamMeter, count_tokens_in_body
+from proxy.streams import OPENAI, Meter, StreamFormat
 from proxy.upstream import UpstreamClosed, UpstreamResponse
 
 # llama-server notices a closed connection at its next streamed token, or within its 1 s polling interval
@@ -78,19 +78,26 @@ class _Plan:
 
 
 class Inference:
-    """ASGI endpoint for one inference route (chat, completions, embeddings). ``kind`` says how
-    ``proxy.limits`` counts its cost (derived from the route when not given)."""
+    """ASGI endpoint for one inference route (a generation row of ``proxy.route_table``), forwarded to
+    the same path on the child. ``embeddings``: the answer generates no tokens (embeddings, rerank), so
+    no token cap and no stream; ``needs``: the child feature the route requires; ``fmt``: how its stream
+    is measured; ``kind``: how ``proxy.limits`` counts its cost (derived from the route when not given)."""
 
     def __init__(
         self,
         runtime: ProxyRuntime,
         route: str,
         embeddings: bool = False,
+        *,
+        fmt: StreamFormat = OPENAI,
+        needs: str | None = None,
         kind: limits.RouteKind | None = None,
     ) -> None:
         self.rt = runtime
         self.route = route
         self.embeddings = embeddings
+        self.fmt = fmt
+        self.needs = needs if needs is not None else ("embeddings" if embeddings else None)
         self.kind: limits.RouteKind = kind or ("embedding" if embeddings else limits.route_kind(route))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,8 +107,8 @@ class Inference:
         admin = "admin" in principal.scopes
         tenant = rt.tenant(principal.tenant)
         snap = rt.ready_snapshot()
-        if self.embeddings and not snap.embeddings:
-            raise NotFound("embeddings are not enabled on this server (llama.embeddings: false)")
+        if self.needs is not None and not getattr(snap, self.needs, False):
+            raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
         settings = rt.settings
         raw = await bodies.read_body(receive, ctx.content_length, settings.max_body_bytes)
         payload = bodies.parse_object(raw)
@@ -169,7 +176,7 @@ class Inference:
                     raise
                 try:
                     if stream and response.status == 200:
-                        meter = StreamMeter()
+                        meter = self.fmt.meter()
                         rewriter = privacy.SseRewriter() if plan.hide else None
                         await self._relay_stream(
                             response, send, watch, ctx, meter, deadline, total_at, exchange, rewriter
@@ -206,7 +213,7 @@ class Inference:
         send: Send,
         watch: ClientWatch,
         ctx: RequestContext,
-        meter: StreamMeter,
+        meter: Meter,
         deadline: asyncio.Timeout,
         total_at: float,
         exchange: _Exchange,
@@ -264,11 +271,12 @@ class Inference:
             ) from None
         content = parts[0] if len(parts) == 1 else b"".join(parts)
         if response.status == 200:
-            ctx.tokens = count_tokens_in_body(content)
+            ctx.tokens = self.fmt.count_tokens(content)
             if hide:
                 content = privacy.strip_json(content)
         else:
             ctx.outcome = "upstream_error"
+            content = self.fmt.error_body(response.status, content)
         await self._send_whole(send, watch, response.status, content, response.content_type)
 
     async def _relay_assembled(
@@ -282,7 +290,7 @@ class Inference:
     ) -> None:
         assert plan.assemble is not None
         assembler = Assembler(plan.assemble, self.rt.settings.max_response_bytes)
-        meter = StreamMeter()
+        meter = self.fmt.meter()
         clock = time.monotonic
         try:
             while (chunk := await response.next_chunk()) is not None:
@@ -319,14 +327,13 @@ class Inference:
         watch.complete = True
         await send({"type": "http.response.body", "body": content, "more_body": False})
 
-    @staticmethod
     async def _end_stream_with(
-        error: UpstreamFailure, send: Send, watch: ClientWatch, ctx: RequestContext
+        self, error: UpstreamFailure, send: Send, watch: ClientWatch, ctx: RequestContext
     ) -> None:
         """llama-server's own convention for an error after the 200: one error event, no ``[DONE]``."""
         ctx.outcome = error.outcome
         watch.complete = True
-        await send({"type": "http.response.body", "body": error.sse_event(), "more_body": False})
+        await send({"type": "http.response.body", "body": self.fmt.error_event(error), "more_body": False})
 
     async def _check_prompt_size(
         self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
@@ -337,13 +344,24 @@ class Inference:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
 
 
+# The child's own counter for a templated request: its chat template, not ours.
+COUNT_ROUTES = {
+    "/v1/chat/completions": "/v1/chat/completions/input_tokens",
+    "/chat/completions": "/v1/chat/completions/input_tokens",
+    "/v1/responses": "/v1/responses/input_tokens",
+    "/responses": "/v1/responses/input_tokens",
+    "/v1/messages": "/v1/messages/count_tokens",
+}
+
+
 async def count_prompt_tokens(
     rt: ProxyRuntime, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
 ) -> int | None:
     """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
     (then the child decides, as it would without the check)."""
-    if route == "/v1/chat/completions":
-        answer = await _ask(rt, snap, "/v1/chat/completions/input_tokens", bodies.dump(payload), request_id)
+    counter = COUNT_ROUTES.get(route)
+    if counter is not None:
+        answer = await _ask(rt, snap, counter, bodies.dump(payload), request_id)
         count = answer.get("input_tokens") if answer else None
         return count if isinstance(count, int) else None
     prompt = payload.get("prompt")

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from proxy import body as bodies
 from proxy.errors import BadRequest
+from proxy.route_table import ROUTES
 from proxy.settings import TenantSettings
 
 # chat: /v1/chat/completions and chat-shaped routes (Responses, Anthropic Messages: one prompt, n applies).
@@ -40,27 +41,29 @@ from proxy.settings import TenantSettings
 # "content" arrays, no n. rerank: one task per document, no n.
 RouteKind = Literal["chat", "completion", "embedding", "rerank"]
 
-# Routes whose non-streamed answers the proxy assembles from a stream (``proxy.assemble``): the OpenAI
-# chat and completions formats, the ones it knows how to build.
-AssembledKind = Literal["chat", "completion"]
-_ASSEMBLED: dict[str, AssembledKind] = {
-    "/v1/chat/completions": "chat",
-    "/chat/completions": "chat",
-    "/v1/completions": "completion",
-    "/completions": "completion",
+# How each generation kind of ``proxy.route_table`` is counted: the OpenAI Responses and Anthropic
+# Messages dialects are chat (one conversation); llama-server's native /completion and /infill take a
+# prompt like OpenAI completions.
+_COUNTED_AS: dict[str, RouteKind] = {
+    "chat": "chat",
+    "responses": "chat",
+    "messages": "chat",
+    "completions": "completion",
+    "completion": "completion",
+    "infill": "completion",
+    "embeddings": "embedding",
+    "rerank": "rerank",
 }
+# Routes whose non-streamed answers the proxy assembles from a stream (``proxy.assemble``): the OpenAI
+# chat and completions formats, the ones it knows how to build (not the native /completion(s), whose
+# answer has another shape).
+AssembledKind = Literal["chat", "completion"]
+_ASSEMBLED_AS: dict[str, AssembledKind] = {"chat": "chat", "completions": "completion"}
 _KIND_BY_ROUTE: dict[str, RouteKind] = {
-    **_ASSEMBLED,
-    "/v1/embeddings": "embedding",
-    "/embeddings": "embedding",
-    "/embedding": "embedding",
-    "/completion": "completion",
-    "/infill": "completion",
-    "/v1/rerank": "rerank",
-    "/rerank": "rerank",
-    "/reranking": "rerank",
-    "/v1/responses": "chat",
-    "/v1/messages": "chat",
+    spec.path: _COUNTED_AS[spec.kind] for spec in ROUTES if spec.kind in _COUNTED_AS
+}
+_ASSEMBLED: dict[str, AssembledKind] = {
+    spec.path: _ASSEMBLED_AS[spec.kind] for spec in ROUTES if spec.kind in _ASSEMBLED_AS
 }
 
 

@@ -36,6 +36,8 @@ class UpstreamSnapshot:
     retry_after_s: float | None
     # True when the child was started with --embeddings (then /v1/embeddings is routed).
     embeddings: bool = False
+    # True when the child was started with --rerank (then the rerank routes are routed).
+    reranking: bool = False
     # Extra non-secret status fields shown verbatim on /readyz (e.g. uptime_s, restarts, last_failure).
     # Never put a secret, a path with a secret or a key here: /readyz needs no credentials.
     info: Mapping[str, object] = field(default_factory=dict)

@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 from urllib.parse import quote
 
 from starlette.types import Receive, Scope, Send
 
 from proxy import body as bodies
+from proxy.auth import Principal
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
-from proxy.errors import NotReady, UpstreamFailure, UpstreamTimeout
+from proxy.errors import Forbidden, NotFound, NotReady, UpstreamFailure, UpstreamTimeout
 from proxy.metrics import CONTENT_TYPE
+from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
 from proxy.settings import Scope as KeyScope
 from proxy.upstream import UpstreamClosed
@@ -94,20 +97,40 @@ class Readyz:
 
 
 class Passthrough:
-    """A route relayed to the child as is, after auth: the model list and llama.cpp's admin routes."""
+    """A route relayed to the child as is, after auth: the model list and llama.cpp's admin routes.
+    ``scope_needed`` "any key": an inference or an admin key (see ``authorize_any``)."""
 
     def __init__(
-        self, runtime: ProxyRuntime, route: str, scope_needed: KeyScope, need_ready: bool = True
+        self,
+        runtime: ProxyRuntime,
+        route: str,
+        scope_needed: KeyScope | Literal["any key"],
+        need_ready: bool = True,
     ) -> None:
         self.rt = runtime
         self.route = route
         self.scope_needed = scope_needed
         self.need_ready = need_ready
 
+    def authorize(self, ctx: RequestContext) -> Principal:
+        if self.scope_needed == "any key":
+            return authorize_any(self.rt, ctx, self.route)
+        return self.rt.authorize(ctx, self.route, self.scope_needed)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
-        rt.authorize(ctx, self.route, self.scope_needed)
+        principal = self.authorize(ctx)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        await send_bytes(send, status, content, content_type)
+
+    def check(self, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot) -> None:
+        """Hook for subclasses: refuse a request body before it goes to the child."""
+
+    async def fetch(
+        self, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
+    ) -> tuple[int, bytes, bytes]:
+        """Forward the request; (status, content type, body) of the child's whole answer."""
+        rt = self.rt
         snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
         if snap.base_url is None:
             raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
@@ -115,7 +138,7 @@ class Passthrough:
         raw: bytes | None = None
         if method == "POST":
             raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
-            bodies.parse_object(raw)
+            self.check(principal, bodies.parse_object(raw), snap)
         path = self.route
         if scope.get("query_string"):
             # Bytes a lenient HTTP parser let through go on percent-encoded, never raw.
@@ -139,7 +162,116 @@ class Passthrough:
             if response.status >= 400:
                 ctx.outcome = "upstream_error"
             watch.complete = True
-            await send_bytes(send, response.status, content, response.content_type or b"application/json")
+        return response.status, response.content_type or b"application/json", content
+
+
+def authorize_any(rt: ProxyRuntime, ctx: RequestContext, route: str) -> Principal:
+    """Like ``ProxyRuntime.authorize`` for a route open to inference and admin keys alike."""
+    ctx.route = route
+    principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
+    ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+    if not principal.scopes & {"inference", "admin"}:
+        raise Forbidden("this key lacks the 'inference' or 'admin' scope required by this route")
+    return principal
+
+
+class Counting(Passthrough):
+    """Tokenizing and templating (``kind: count``): no slot, a per-tenant rate bound instead, the model
+    name checked like on the generation routes (an alias is accepted and left for the child to ignore)."""
+
+    def __init__(self, runtime: ProxyRuntime, route: str) -> None:
+        super().__init__(runtime, route, "any key")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = self.authorize(ctx)
+        self.rt.count_rate.allow(principal.tenant)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        await send_bytes(send, status, content, content_type)
+
+    def check(self, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot) -> None:
+        bodies.check_model(payload, snap.model_alias, self.rt.settings.model_aliases)
+
+
+# What /props shows an inference key: what a client needs to talk to the model (context, template,
+# special tokens, modalities). Everything else (model_path, build_info, model_ftype, endpoint_* flags,
+# ui settings...) describes the machine and stays for admin keys; an allowlist, so a field added by a
+# later llama-server is hidden until someone decides otherwise.
+PROPS_FOR_INFERENCE = frozenset(
+    {
+        "default_generation_settings",
+        "total_slots",
+        "model_alias",
+        "modalities",
+        "media_marker",
+        "chat_template",
+        "chat_template_caps",
+        "chat_template_tool_use",
+        "bos_token",
+        "eos_token",
+    }
+)
+
+
+class Props(Passthrough):
+    """``GET /props``: llama-server's whole answer for admin keys; for inference keys the allowlisted
+    fields only. Answered while the child runs, even when not ready (as before, for operators)."""
+
+    def __init__(self, runtime: ProxyRuntime) -> None:
+        super().__init__(runtime, "/props", "any key", need_ready=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = self.authorize(ctx)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        if "admin" not in principal.scopes and status == 200:
+            try:
+                props = json.loads(content)
+            except ValueError:
+                raise UpstreamFailure("llama-server answered /props with invalid JSON") from None
+            if not isinstance(props, dict):
+                raise UpstreamFailure("llama-server answered /props with something else than an object")
+            await send_json(send, 200, {k: v for k, v in props.items() if k in PROPS_FOR_INFERENCE})
+            return
+        await send_bytes(send, status, content, content_type)
+
+
+class Health:
+    """llama-server's ``/health`` (and ``/v1/health``), answered from readiness without credentials, in
+    the child's own words: ``200 {"status":"ok"}`` when ready, else ``503`` with its loading error shape
+    (plus ``Retry-After``). Monitoring written for llama-server keeps working through the proxy."""
+
+    def __init__(self, runtime: ProxyRuntime, route: str) -> None:
+        self.rt = runtime
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SCOPE_KEY].route = self.route
+        snap = self.rt.snapshot()
+        if snap.ready:
+            await send_json(send, 200, {"status": "ok"})
+            return
+        retry = NotReady("", snap.retry_after_s).headers["retry-after"].encode()
+        # The reason is public already (/readyz shows it); "Loading model" is llama-server's own word.
+        message = (
+            "Loading model"
+            if snap.state == "STARTING"
+            else f"llama-server is not ready ({snap.reason or snap.state})"
+        )
+        error = {"message": message, "type": "unavailable_error", "code": 503}
+        await send_json(send, 503, {"error": error}, [(b"retry-after", retry)])
+
+
+class RefusedRoute:
+    """A llama-server path the proxy does not serve on purpose (``route_table.REFUSED``): 404 with why."""
+
+    def __init__(self, route: str, reason: str) -> None:
+        self.route = route
+        self.reason = reason
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SCOPE_KEY].route = self.route
+        raise NotFound(f"{self.route} is not served through llamagate: {self.reason}")
 
 
 class Metrics:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from proxy.admission import Admission
 from proxy.auth import KeyTable, Principal, require
 from proxy.context import RequestContext
+from proxy.counting import CountRate
 from proxy.door import FrontDoor
 from proxy.errors import Forbidden, NotReady
 from proxy.idle import IdleWaiters
@@ -36,6 +37,7 @@ class ProxyRuntime:
         self._idle = IdleWaiters()
         # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
         self.door: FrontDoor | None = None
+        self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:
@@ -49,6 +51,7 @@ class ProxyRuntime:
         self._apply(settings)
         self.upstream.timeouts = settings.timeouts
         self.admission.reconfigure(settings.tenants)
+        self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
 
     @property
     def in_flight(self) -> int:

@@ -83,6 +83,22 @@ class DoorSettings:
 
 
 @dataclass(frozen=True)
+class CorsSettings:
+    """Browser access (``proxy.cors``); no allowed origin (the default) means CORS is off."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_headers: tuple[str, ...] = (
+        "authorization",
+        "content-type",
+        "x-api-key",
+        "anthropic-version",
+        "x-request-id",
+    )
+    allowed_methods: tuple[str, ...] = ("GET", "POST")
+    max_age_s: int = 600
+
+
+@dataclass(frozen=True)
 class ProxySettings:
     listen: Listener = field(default_factory=Listener)
     tenants: tuple[TenantSettings, ...] = ()
@@ -103,3 +119,8 @@ class ProxySettings:
     max_response_bytes: int = 32 * 1024 * 1024
     # Limits of the listener itself (request head, deadlines, connections, trusted forwarders).
     door: DoorSettings = field(default_factory=DoorSettings)
+    # Browser access; off unless origins are listed (proxy.cors).
+    cors: CorsSettings = field(default_factory=CorsSettings)
+    # Counting/templating routes take no slot; each tenant gets this token bucket instead (proxy.counting).
+    count_rate_per_s: float = 20.0
+    count_burst: int = 40

@@ -94,6 +94,36 @@ class ListenerConfig:
     port: int = setting(9464, "TCP port", port_number)
 
 
+def origins(v: Any) -> str | None:
+    # An origin as a browser sends it: scheme://host[:port], no path; or "*" for any origin.
+    rx = re.compile(r"\*|https?://[A-Za-z0-9.\-\[\]:]+")
+    bad = [o for o in v if not rx.fullmatch(o)]
+    if not bad:
+        return None
+    return f"must be '*' or origins like 'https://app.example:8443' (no path), not {bad[0]!r}"
+
+
+@dataclass(frozen=True)
+class CorsConfig:
+    allowed_origins: tuple[str, ...] = setting(
+        (), "origins browsers may call from ('*' = any); empty = CORS off", origins
+    )
+    allowed_headers: tuple[str, ...] = setting(
+        ("authorization", "content-type", "x-api-key", "anthropic-version", "x-request-id"),
+        "request headers a preflight allows ('*' = whatever the preflight asks for)",
+    )
+    allowed_methods: tuple[str, ...] = setting(("GET", "POST"), "methods a preflight allows")
+    max_age_s: int = setting(600, "how long a browser may cache a preflight answer", at_least(0))
+
+
+@dataclass(frozen=True)
+class CountingConfig:
+    rate_per_s: float = setting(
+        20.0, "counting/templating requests per second per tenant (they take no slot)", positive
+    )
+    burst: int = setting(40, "counting/templating requests a tenant may send at once", at_least(1))
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     host: str = setting("127.0.0.1", "address the proxy listens on (the only public door)")
@@ -101,7 +131,9 @@ class ProxyConfig:
     max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted", at_least(1024))
     model_aliases: tuple[str, ...] = setting((), "other names accepted in a request's model field")
     anonymous_tenant: str | None = setting(
-        None, "tenant for credential-less requests from loopback clients only; null = off"
+        None,
+        "tenant for credential-less requests from loopback clients only (a bearer token not starting"
+        " with lg_, an SDK placeholder, counts as none); null = off",
     )
     drain_timeout_s: float = setting(30.0, "on stop, how long in-flight requests may finish", at_least(0))
     timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
@@ -125,6 +157,8 @@ class ProxyConfig:
     max_connections: int = setting(
         1000, "open client connections; one more gets 503 and is closed", at_least(1)
     )
+    cors: CorsConfig = section(CorsConfig, "browser access (CORS), off by default")
+    counting: CountingConfig = section(CountingConfig, "rate bound of the routes that count tokens")
 
 
 @dataclass(frozen=True)
@@ -150,6 +184,7 @@ class LlamaConfig:
     )
     gpu_layers: int = setting(0, "layers offloaded to a GPU (-ngl); 0 for CPU serving", at_least(0))
     embeddings: bool = setting(False, "serve /v1/embeddings (--embeddings)")
+    reranking: bool = setting(False, "serve /v1/rerank (--rerank; needs a reranker model)")
     cache_type_k: CacheType = setting("f16", "KV cache type for K (-ctk)")
     cache_type_v: CacheType = setting("f16", "KV cache type for V (-ctv)")
     prompt_cache_mib: int = setting(

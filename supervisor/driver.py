@@ -210,6 +210,7 @@ class ChildSupervisor:
             generation=m.generation,
             retry_after_s=self._retry_after(),
             embeddings=spec.embeddings,
+            reranking=spec.reranking,
             info=self._public_status(),
         )
 

@@ -37,6 +37,7 @@ class LaunchSpec:
     extra_args: tuple[str, ...] = ()
     prompt_cache_mib: int = 256
     ctx_checkpoints: int = 8
+    reranking: bool = False
     chat_template: str | None = None  # checked: a built-in name or a readable file (chat_template.py)
 
 
@@ -74,6 +75,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("-a", "--alias"), lambda s: s.alias),
     Flag(("--no-ui", "--no-webui", "--ui", "--webui"), lambda s: True),
     Flag(("--embeddings", "--embedding"), lambda s: True if s.embeddings else None),
+    Flag(("--rerank", "--reranking"), lambda s: True if s.reranking else None),
     Flag(("-ctk", "--cache-type-k"), lambda s: s.cache_type_k),
     Flag(("-ctv", "--cache-type-v"), lambda s: s.cache_type_v),
     # RAM beyond the KV cache that llama-server's defaults leave nearly unbounded (an 8 GiB prompt

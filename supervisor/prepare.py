@@ -194,6 +194,7 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
         prompt_cache_mib=llama.prompt_cache_mib,
         ctx_checkpoints=llama.ctx_checkpoints,
         chat_template=chat_template_for(cfg),
+        reranking=llama.reranking,
     )
 
 

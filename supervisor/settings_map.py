@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proxy.settings import DoorSettings, KeyEntry, Listener, ProxySettings, TenantSettings, Timeouts
+from proxy.settings import (
+    CorsSettings,
+    DoorSettings,
+    KeyEntry,
+    Listener,
+    ProxySettings,
+    TenantSettings,
+    Timeouts,
+)
 from supervisor.config_schema import Config
 
 
@@ -57,4 +65,12 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
             max_connections=p.max_connections,
             forwarded_allow_ips=p.forwarded_allow_ips,
         ),
+        cors=CorsSettings(
+            allowed_origins=p.cors.allowed_origins,
+            allowed_headers=p.cors.allowed_headers,
+            allowed_methods=p.cors.allowed_methods,
+            max_age_s=p.cors.max_age_s,
+        ),
+        count_rate_per_s=p.counting.rate_per_s,
+        count_burst=p.counting.burst,
     )

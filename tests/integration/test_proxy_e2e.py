@@ -74,11 +74,16 @@ def test_auth_matrix_and_revocation(daemon_factory: DaemonFactory) -> None:
         stranger, _ = new_key("default", frozenset({"inference"}))
         assert post({"Authorization": f"Bearer {stranger}"}).status_code == 401
         assert post({"Authorization": f"Bearer {d.inference_key}"}).status_code == 200
-        for path in ("/slots", "/props", "/metrics", "/admin/identity"):
+        for path in ("/slots", "/metrics", "/admin/identity"):
             assert (
                 c.get(url + path, headers={"Authorization": f"Bearer {d.inference_key}"}).status_code == 403
             )
             assert c.get(url + path, headers={"Authorization": f"Bearer {d.admin_key}"}).status_code == 200
+        # /props: the machine-revealing fields for admin keys only (docs/api.md).
+        props = c.get(url + "/props", headers={"Authorization": f"Bearer {d.inference_key}"}).json()
+        assert props["total_slots"] == 2 and "model_path" not in props and "build_info" not in props
+        props = c.get(url + "/props", headers={"Authorization": f"Bearer {d.admin_key}"}).json()
+        assert props["model_path"] and props["build_info"]
         tok = c.post(
             url + "/tokenize",
             json={"content": "hello world"},

@@ -128,3 +128,26 @@ def test_anonymous_tenant_refused_off_loopback(host: str | None) -> None:
 def test_anonymous_tenant_is_off_by_default() -> None:
     with pytest.raises(Unauthorized):
         KeyTable([]).authenticate(None, "127.0.0.1")
+
+
+@pytest.mark.parametrize("placeholder", ["sk-no-key-required", "EMPTY", "x", "sk-ant-placeholder"])
+def test_sdk_placeholder_token_is_anonymous_from_loopback_only(placeholder: str) -> None:
+    """The OpenAI and Anthropic SDKs always send a key; a token not shaped like ours is their placeholder."""
+    keys = KeyTable([], anonymous_tenant="dev")
+    header = f"Bearer {placeholder}".encode()
+    assert keys.authenticate(header, "127.0.0.1").tenant == "dev"
+    assert keys.authenticate(header, "::1").key_id == "anonymous"
+    for host in ("10.1.2.3", None):
+        with pytest.raises(Unauthorized, match="malformed API key"):
+            keys.authenticate(header, host)
+    with pytest.raises(Unauthorized):  # without the anonymous tenant: a placeholder is just a bad key
+        KeyTable([]).authenticate(header, "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "token", ["lg_nope", "lg_0123456789ab_short", "lg_" + "a" * 60, "lg_000000000000_" + "A" * 43]
+)
+def test_malformed_or_unknown_llamagate_key_stays_401_in_anonymous_mode(token: str) -> None:
+    keys = KeyTable([], anonymous_tenant="dev")
+    with pytest.raises(Unauthorized):
+        keys.authenticate(f"Bearer {token}".encode(), "127.0.0.1")

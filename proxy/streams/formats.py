@@ -1,0 +1,93 @@
+"""The per-kind stream formats: a meter factory, the error event that ends a broken stream, how a
+whole (non-streamed) answer reports its token count, and how an error body is shaped on the route."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy import anthropic
+from proxy.errors import ProxyError
+from proxy.sse import StreamMeter, count_tokens_in_body
+from proxy.streams.events import EventMeter, EventSpec
+
+
+class Meter(Protocol):
+    def feed(self, chunk: bytes, now: float) -> bool: ...
+
+    def ttft_from(self, started: float) -> float | None: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    def tpot(self) -> float | None: ...
+
+
+def _openai_error_event(error: ProxyError) -> bytes:
+    return error.sse_event()
+
+
+def _same(status: int, content: bytes) -> bytes:
+    return content
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    name: str
+    meter: Callable[[], Meter]
+    # Generated tokens of a whole answer (0 when it does not say).
+    count_tokens: Callable[[bytes], int]
+    # The one event that ends a stream whose 200 already went out.
+    error_event: Callable[[ProxyError], bytes] = _openai_error_event
+    # The body of an error answered by the child, as this route's clients expect it.
+    error_body: Callable[[int, bytes], bytes] = _same
+
+
+def _count(pattern: bytes) -> Callable[[bytes], int]:
+    rx = re.compile(pattern)
+
+    def count(body: bytes) -> int:
+        found = rx.findall(body)
+        return int(found[-1]) if found else 0
+
+    return count
+
+
+# Chat and text completions (/v1/...): ``data: {json}`` per token, ``data: [DONE]`` at the end.
+OPENAI = StreamFormat("openai", StreamMeter, count_tokens_in_body)
+
+# llama-server's own API (/completion, /completions, /infill): ``data: {"content":"..."}`` per token, no
+# ``[DONE]``; the last event has ``timings.predicted_n`` (the OpenAI meter reads exactly these fields).
+_TOKENS_PREDICTED = _count(rb'"tokens_predicted":(\d+)')
+NATIVE = StreamFormat("native", StreamMeter, lambda b: _TOKENS_PREDICTED(b) or count_tokens_in_body(b))
+
+_RESPONSES_SPEC = EventSpec(
+    delta_events=(
+        b"response.output_text.delta",
+        b"response.reasoning_text.delta",
+        b"response.function_call_arguments.delta",
+    ),
+    first_text=re.compile(rb'"delta":"[^"]'),
+    reported=re.compile(rb'"output_tokens":(\d+)'),
+)
+# OpenAI Responses: typed events; text in ``response.output_text.delta``, usage in ``response.completed``.
+RESPONSES = StreamFormat("responses", lambda: EventMeter(_RESPONSES_SPEC), _count(rb'"output_tokens":(\d+)'))
+
+_ANTHROPIC_SPEC = EventSpec(
+    delta_events=(b"content_block_delta",),
+    first_text=re.compile(rb'"(?:text|thinking|partial_json)":"[^"]'),
+    reported=re.compile(rb'"output_tokens":(\d+)'),
+)
+# Anthropic Messages: ``content_block_delta`` per piece, ``message_delta`` carries usage.output_tokens.
+ANTHROPIC = StreamFormat(
+    "anthropic",
+    lambda: EventMeter(_ANTHROPIC_SPEC),
+    _count(rb'"output_tokens":(\d+)'),
+    error_event=anthropic.error_event,
+    error_body=anthropic.convert_error_body,
+)
+
+# Embeddings and reranking: never streamed, no generated tokens.
+SILENT = StreamFormat("silent", StreamMeter, lambda body: 0)
