@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
+from proxy.admin_load import AdminLoad
 from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
 from proxy.errors import MethodNotAllowed, NotFound
 from proxy.inference import Inference
@@ -29,6 +30,7 @@ from proxy.readiness import UpstreamSource
 from proxy.routes import Healthz, Identity, Metrics, Passthrough, Readyz
 from proxy.runtime import ProxyRuntime
 from proxy.settings import ProxySettings
+from proxy.ui import ui_routes
 
 _PROBES = frozenset({"/healthz", "/readyz"})
 
@@ -48,6 +50,8 @@ def _routes(rt: ProxyRuntime) -> list[Route]:
         Route("/props", Passthrough(rt, "/props", "admin", need_ready=False), methods=get),
         Route("/tokenize", Passthrough(rt, "/tokenize", "admin"), methods=post),
         Route("/detokenize", Passthrough(rt, "/detokenize", "admin"), methods=post),
+        Route("/admin/load", AdminLoad(rt), methods=get),
+        *ui_routes(rt),
     ]
 
 

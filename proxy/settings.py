@@ -67,3 +67,5 @@ class ProxySettings:
     drain_timeout_s: float = 30.0
     # One line per request on the ``llamagate.access`` logger (config: logging.access_log).
     access_log: bool = True
+    # The status page and playground at /ui/ (static files; their data needs a key). Off: 404.
+    ui: bool = True

@@ -94,6 +94,7 @@ class ProxyConfig:
     metrics_listener: ListenerConfig | None = setting(
         None, "separate unauthenticated /metrics listener (loopback only); null = off"
     )
+    ui: bool = setting(True, "serve the status page and playground at /ui/ (data needs a key); false = 404")
 
 
 @dataclass(frozen=True)

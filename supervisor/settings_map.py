@@ -43,4 +43,5 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         ),
         drain_timeout_s=p.drain_timeout_s,
         access_log=cfg.logging.access_log,
+        ui=p.ui,
     )
