@@ -67,8 +67,9 @@ function renderIdentity(id) {
   const serving = id.serving || {};
   const model = id.model || {};
   const host = id.host || {};
-  setText("id-commit", build.llama_cpp_commit || build.source);
-  setText("id-version", (build.version_output || "").split("\n").filter(Boolean).join(" · "));
+  // An external binary has no receipt: no commit, only its source note and --version output.
+  setText("id-commit", build.commit || build.source);
+  setText("id-version", (build.version || "").split("\n").filter(Boolean).join(" · "));
   setText("id-binary-sha", (id.binary || {}).sha256);
   setText("id-model", model.path ? `${model.path} (${bytes(model.size_bytes)})` : null);
   setText("id-model-sha", model.sha256);
