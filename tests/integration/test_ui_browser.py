@@ -21,12 +21,18 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
+from proxy.app import create_app
+from proxy.auth import new_key
+from proxy.settings import ProxySettings, TenantSettings
+from tests.fakes.fake_upstream import StaticSource, snapshot_for
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
@@ -97,7 +103,7 @@ def screenshots(tmp_path: Path) -> Path:
 class Page:
     """The page as a person sees it, plus the browser's logs collected as the test goes."""
 
-    def __init__(self, driver: Any, daemon: Daemon, shots: Path) -> None:
+    def __init__(self, driver: Any, daemon: Daemon | None, shots: Path) -> None:
         self.driver = driver
         self.daemon = daemon
         self.shots = shots
@@ -160,6 +166,7 @@ class Page:
         self.driver.save_screenshot(str(self.shots / name))
 
     def slots_busy(self) -> list[bool]:
+        assert self.daemon is not None
         r = httpx.get(
             f"{self.daemon.base_url}/slots",
             headers={"Authorization": f"Bearer {self.daemon.admin_key}"},
@@ -319,3 +326,84 @@ def test_status_and_playground_in_chromium(
     assert len(polls) >= 3
     for (_, previous_end), (start, _) in itertools.pairwise(polls):
         assert previous_end is not None and start >= previous_end, polls
+
+
+@contextmanager
+def proxy_in_thread(settings: ProxySettings, source: StaticSource) -> Iterator[str]:
+    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous)."""
+    config = uvicorn.Config(
+        create_app(settings, source), host="127.0.0.1", port=0, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="proxy", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), "the proxy to listen", timeout=30)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots: Path) -> None:
+    """The fault paths, with a fake upstream source: FAILED, draining, not ready, a key without the
+    admin scope, one without the inference scope, a 503 in the playground, and the daemon gone."""
+    keys, entries = {}, []
+    for name, scopes in (("inference", {"inference"}), ("admin_only", {"admin"})):
+        keys[name], entry = new_key("default", frozenset(scopes))  # type: ignore[arg-type]
+        entries.append(entry)
+    settings = ProxySettings(tenants=(TenantSettings("default"),), keys=tuple(entries))
+    source = StaticSource(snapshot_for(None, None, slots=4))
+    with proxy_in_thread(settings, source) as origin:
+        page = Page(browser, None, screenshots)
+        source.update(state="FAILED", ready=False, reason="5 restarts within 300 s; last: exited with code 1")
+        browser.get(origin + "/ui/")
+        page.wait(lambda: page.text("st-state") == "FAILED", "FAILED")
+        assert "bad" in str(page.el("st-state").get_attribute("class"))
+        message = page.text("status-message")
+        assert "FAILED" in message and "5 restarts within 300 s" in message, message
+        page.shot("status-failed.png")
+
+        source.update(state="READY", ready=False, reason="draining: the daemon is stopping")
+        page.wait(lambda: "draining" in page.text("status-message"), "the draining message")
+
+        source.update(state="BACKOFF", ready=False, reason="exited with signal 9", retry_after_s=3.2)
+        page.wait(lambda: page.text("st-state") == "BACKOFF", "BACKOFF")
+        message = page.text("status-message")
+        assert "exited with signal 9" in message and "retry after 4 s" in message, message
+
+        # An inference key: the public figures, and a plain note where admin data would be.
+        page.enter_key(keys["inference"])
+        page.wait(lambda: "no admin scope" in page.text("key-status"), "the no-admin note")
+        assert "admin scope" in page.text("tenants-note") and page.el("tenants-note").is_displayed()
+        assert page.text("st-slots") == "0 / 4"
+
+        # The playground while the child is not ready: 503 with its Retry-After.
+        source.update(state="STARTING", ready=False, reason="loading model", retry_after_s=7)
+        page.el("tab-playground").click()
+        page.type_into("pg-prompt", "hello")
+        page.el("pg-send").click()
+        page.wait(lambda: page.text("pg-state") == "refused (503)", "the 503")
+        message = page.text("pg-message")
+        assert message.startswith("503: ") and "loading model" in message, message
+        assert message.endswith("retry after 7 s"), message
+        page.shot("playground-503.png")
+
+        # An admin-only key cannot use the playground, and is told so.
+        page.enter_key(keys["admin_only"])
+        page.wait(lambda: "no inference scope" in page.text("pg-message"), "the no-inference message")
+        page.el("tab-status").click()
+        page.wait(lambda: "admin scope" in page.text("key-status"), "the admin-only key accepted for status")
+
+    # The daemon is gone: said so, and the page keeps trying, less often.
+    page.wait(lambda: page.text("st-state") == "unreachable", "unreachable")
+    assert "does not answer" in page.text("status-message")
+    page.collect_logs()
+    problems = [
+        e["message"]
+        for e in page.console
+        if re.search(r"Content Security Policy|Refused to|Uncaught", e["message"])
+    ]
+    assert problems == [], problems
