@@ -18,6 +18,7 @@ export class Poller {
       if (document.hidden) {
         clearTimeout(this.timer);
         this.timer = null;
+        if (!this.running) document.body.dataset.polling = "paused"; // else: when the round ends
       } else {
         this.now();
       }
@@ -38,6 +39,7 @@ export class Poller {
 
   async run() {
     this.running = true;
+    document.body.dataset.polling = "running";
     let ok = false;
     try {
       ok = await this.fn();
@@ -49,12 +51,19 @@ export class Poller {
     this.rounds += 1;
     document.body.dataset.pollRounds = String(this.rounds);
     this.failures = ok ? 0 : this.failures + 1;
-    if (this.again) {
-      this.again = false;
-      this.now();
+    // Visible state for people debugging the page (and for its browser test): no timing to guess.
+    document.body.dataset.pollDelayMs = String(this.delayMs());
+    const again = this.again;
+    this.again = false;
+    if (document.hidden) {
+      document.body.dataset.polling = "paused";
       return;
     }
-    if (document.hidden) return;
+    if (again) {
+      this.run();
+      return;
+    }
+    document.body.dataset.polling = "waiting";
     this.timer = setTimeout(() => {
       this.timer = null;
       this.now();

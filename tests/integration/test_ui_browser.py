@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,11 @@ pytestmark = pytest.mark.integration
 
 MODEL = "gemma-3-270m"
 WRONG_KEY = "lg_0123456789ab_" + "A" * 43
+# What the browser does when a tab goes to the background or comes back.
+HIDE_TAB = """
+Object.defineProperty(document, "hidden", {configurable: true, get: () => arguments[0]});
+document.dispatchEvent(new Event("visibilitychange"));
+"""
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",  # tests run as root in CI containers
@@ -161,6 +167,9 @@ class Page:
             ".map(r => [...r.cells].map(c => c.textContent))"
         )
         return list(self.driver.execute_script(script, tbody_id))
+
+    def dataset(self, name: str) -> str:
+        return str(self.driver.execute_script("return document.body.dataset[arguments[0]]", name))
 
     def shot(self, name: str) -> None:
         self.driver.save_screenshot(str(self.shots / name))
@@ -312,6 +321,10 @@ def test_status_and_playground_in_chromium(
     ]
     assert problems == [], problems
 
+    # The keys the page sent never reached the daemon's log (its access log names the key id only).
+    log = d.log_text()
+    assert "/admin/load" in log and d.admin_key not in log and WRONG_KEY not in log
+
     # Status polls never overlap: each /readyz starts after the previous one ended.
     ended = {
         m["params"]["requestId"]: m["params"]["timestamp"]
@@ -397,9 +410,20 @@ def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots:
         page.el("tab-status").click()
         page.wait(lambda: "admin scope" in page.text("key-status"), "the admin-only key accepted for status")
 
-    # The daemon is gone: said so, and the page keeps trying, less often.
+        # A hidden tab polls nothing; shown again, it polls at once.
+        page.wait(lambda: page.dataset("pollDelayMs") == "3000", "the normal pace")
+        browser.execute_script(HIDE_TAB, True)
+        page.wait(lambda: page.dataset("polling") == "paused", "polling paused")
+        rounds = page.dataset("pollRounds")
+        time.sleep(7)  # two and more polling intervals: proving an absence takes waiting
+        assert page.dataset("pollRounds") == rounds
+        browser.execute_script(HIDE_TAB, False)
+        page.wait(lambda: page.dataset("pollRounds") != rounds, "a poll as soon as the tab shows again")
+
+    # The daemon is gone: said so, and the page keeps trying, less and less often.
     page.wait(lambda: page.text("st-state") == "unreachable", "unreachable")
     assert "does not answer" in page.text("status-message")
+    page.wait(lambda: int(page.dataset("pollDelayMs")) >= 6000, "the polls to back off")
     page.collect_logs()
     problems = [
         e["message"]
