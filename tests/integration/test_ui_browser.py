@@ -73,7 +73,7 @@ def _missing_browser() -> str | None:
 def browser(tmp_path: Path) -> Iterator[Any]:
     reason = _missing_browser()
     if reason is not None:
-        if os.environ.get("CI") == "true":
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
             pytest.fail(f"CI=true but {reason}")
         pytest.skip(reason)
     from selenium import webdriver
