@@ -146,7 +146,7 @@ export async function pollStatus() {
       const r = ready.value.body;
       setText("st-slots", `${r.in_flight} / ${r.slots}`);
     }
-    showAdminParts(false, keyState.scope === "none" ? "Needs an admin key." : keyState.message);
+    showAdminParts(false, keyState.scope === "no-admin" ? keyState.message : "Needs an admin key.");
   }
   if (keyState.scope === "refused") {
     problem = problem ? `${keyState.message} ${problem}` : keyState.message;

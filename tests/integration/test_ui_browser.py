@@ -410,6 +410,11 @@ def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots:
         page.el("tab-status").click()
         page.wait(lambda: "admin scope" in page.text("key-status"), "the admin-only key accepted for status")
 
+        # Forget key: gone from the tab's storage, and the page says so.
+        page.el("key-forget").click()
+        page.wait(lambda: page.text("key-status").startswith("No key entered"), "the key forgotten")
+        assert browser.execute_script("return sessionStorage.length") == 0
+
         # A hidden tab polls nothing; shown again, it polls at once.
         page.wait(lambda: page.dataset("pollDelayMs") == "3000", "the normal pace")
         browser.execute_script(HIDE_TAB, True)
