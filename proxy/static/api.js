@@ -39,6 +39,15 @@ export class ApiError extends Error {
   }
 }
 
+// One signal that aborts when any of ``signals`` does (AbortSignal.any where the browser has it).
+function anyOf(signals) {
+  if (signals.length <= 1) return signals[0];
+  if (AbortSignal.any) return AbortSignal.any(signals);
+  const controller = new AbortController();
+  for (const s of signals) s.addEventListener("abort", () => controller.abort(s.reason), { once: true });
+  return controller.signal;
+}
+
 // fetch() on this origin. ``signal``: an AbortSignal (the playground's stop button); every request
 // also gives up after TIMEOUT_MS unless ``timeout: false`` (a stream may run for minutes).
 export function request(path, { method = "GET", body, signal, auth = true, timeout = true } = {}) {
@@ -51,7 +60,7 @@ export function request(path, { method = "GET", body, signal, auth = true, timeo
     method,
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
-    signal: signals.length ? AbortSignal.any(signals) : undefined,
+    signal: anyOf(signals),
     cache: "no-store",
     credentials: "omit",
     redirect: "error",
