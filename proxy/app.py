@@ -32,6 +32,7 @@ from proxy.readiness import UpstreamSource
 from proxy.route_table import served_paths
 from proxy.runtime import ProxyRuntime
 from proxy.settings import ProxySettings
+from proxy.ui import ui_routes
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 
@@ -125,6 +126,6 @@ def create_app(
         context = RequestContextMiddleware(inner, observe=observe, active=runtime.track_active)
         return CorsMiddleware(context, lambda: runtime.settings.cors, served_paths())
 
-    app = ProxyApp(table_routes(runtime), wrap, lifespan)
+    app = ProxyApp([*table_routes(runtime), *ui_routes(runtime)], wrap, lifespan)
     app.state.runtime = runtime
     return app

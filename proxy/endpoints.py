@@ -10,6 +10,7 @@ from __future__ import annotations
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from proxy.admin_load import AdminLoad
 from proxy.anthropic import AnthropicRoute
 from proxy.inference import Inference
 from proxy.route_table import REFUSED, ROUTES, RouteSpec
@@ -61,6 +62,8 @@ def endpoint(rt: ProxyRuntime, spec: RouteSpec) -> ASGIApp:
         app = Metrics(rt)
     elif kind == "identity":
         app = Identity(rt)
+    elif kind == "load":
+        app = AdminLoad(rt)
     elif kind == "slots":
         app = Passthrough(rt, spec.path, "admin", need_ready=False)
     else:  # pragma: no cover - the table's Literal type keeps this unreachable

@@ -16,7 +16,10 @@ request by its row's path, a bounded set.
   a per-tenant rate instead (``proxy.counting``);
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
-  ``slots``.
+  ``load`` (the admission gate per tenant, for the page), ``slots``.
+
+The status page's static files (``/``, ``/ui``, ``/ui/*``; ``proxy.ui``) are not API routes and not in
+this table: ``proxy.app`` adds them beside it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ Kind = Literal[
     "readiness",
     "metrics",
     "identity",
+    "load",
     "slots",
 ]
 # Who may call: "none" (no credentials), "inference", "admin", or "any key" (inference or admin).
@@ -117,6 +121,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/readyz", _G, "readiness", "none"),
     RouteSpec("/metrics", _G, "metrics", "admin"),
     RouteSpec("/admin/identity", _G, "identity", "admin"),
+    RouteSpec("/admin/load", _G, "load", "admin"),
     RouteSpec("/slots", _G, "slots", "admin"),
 )
 

@@ -124,3 +124,5 @@ class ProxySettings:
     # Counting/templating routes take no slot; each tenant gets this token bucket instead (proxy.counting).
     count_rate_per_s: float = 20.0
     count_burst: int = 40
+    # The status page and playground at /ui/ (static files; their data needs a key). Off: 404.
+    ui: bool = True

@@ -159,6 +159,7 @@ class ProxyConfig:
     )
     cors: CorsConfig = section(CorsConfig, "browser access (CORS), off by default")
     counting: CountingConfig = section(CountingConfig, "rate bound of the routes that count tokens")
+    ui: bool = setting(True, "serve the status page and playground at /ui/ (data needs a key); false = 404")
 
 
 @dataclass(frozen=True)

@@ -73,4 +73,5 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         ),
         count_rate_per_s=p.counting.rate_per_s,
         count_burst=p.counting.burst,
+        ui=p.ui,
     )

@@ -1,0 +1,159 @@
+// The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load
+// and /slots. One round at a time (see poller.js); each request gives up after api.js's timeout.
+
+import { ApiError, getJson, getKey, request } from "./api.js";
+import { bytes, clock, duration, setText, showMessage, stateClass } from "./format.js";
+
+// What the last round learned about the key: "none", "admin", "no-admin" or "refused".
+export const keyState = { scope: "none", message: "" };
+
+async function readReadyz() {
+  // 503 is an answer too: its body says why the child is not ready.
+  const response = await request("/readyz", { auth: false });
+  const body = await response.json();
+  return { body, retryAfter: response.headers.get("Retry-After") };
+}
+
+function childMessage(r, retryAfter) {
+  if (r.ready) return "";
+  const reason = r.reason ? `: ${r.reason}` : "";
+  if (r.reason && r.reason.startsWith("draining")) {
+    return "The daemon is draining: it is stopping, finishes the requests in flight and takes no new ones.";
+  }
+  if (r.state === "FAILED") {
+    return `llama-server FAILED${reason}. The supervisor gave up restarting it; see the daemon's log.`;
+  }
+  const retry = retryAfter ? ` Requests get 503; retry after ${retryAfter} s.` : "";
+  return `Not ready (${r.state})${reason}.${retry}`;
+}
+
+function renderReady({ body: r, retryAfter }) {
+  const state = setText("st-state", r.state);
+  state.className = `state ${stateClass(r.state, r.ready)}`;
+  setText("st-model", r.model);
+  setText("st-reason", r.ready ? "ready" : r.reason);
+  setText("st-uptime", duration(r.uptime_s));
+  setText("st-ready-for", duration(r.ready_for_s));
+  setText("st-restarts", r.restarts);
+  setText("st-last-failure", r.last_failure || "none");
+  setText("st-load", r.load_seconds === null || r.load_seconds === undefined ? null : `${r.load_seconds} s`);
+  setText("st-in-flight", r.in_flight);
+  setText("st-queued", r.queued);
+  setText("st-ctx", r.ctx_per_slot);
+  return childMessage(r, retryAfter);
+}
+
+function renderTenants(load) {
+  const body = document.getElementById("tenants-body");
+  const rows = load.tenants.map((t) => {
+    const tr = document.createElement("tr");
+    const cells = [
+      t.name,
+      t.max_concurrency === null ? t.in_flight : `${t.in_flight} / ${t.max_concurrency}`,
+      t.max_queue === null ? t.queued : `${t.queued} / ${t.max_queue}`,
+    ];
+    for (const text of cells) {
+      const td = document.createElement("td");
+      td.textContent = String(text);
+      tr.append(td);
+    }
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+function renderIdentity(id) {
+  const build = id.llama_cpp || {};
+  const serving = id.serving || {};
+  const model = id.model || {};
+  const host = id.host || {};
+  // An external binary has no receipt: no commit, only its source note and --version output.
+  setText("id-commit", build.commit || build.source);
+  setText("id-version", (build.version || "").split("\n").filter(Boolean).join(" · "));
+  setText("id-binary-sha", (id.binary || {}).sha256);
+  setText("id-model", model.path ? `${model.path} (${bytes(model.size_bytes)})` : null);
+  setText("id-model-sha", model.sha256);
+  setText("id-threads", `${serving.threads} (batch ${serving.threads_batch})`);
+  setText("id-slots", serving.slots);
+  setText("id-ctx", serving.ctx_per_slot);
+  setText("id-host", `${host.cpu_model || "?"}, ${host.cpu_usable ?? "?"} CPUs, ${bytes(host.memory_total_bytes)}`);
+}
+
+function showAdminParts(admin, note) {
+  document.getElementById("tenants").hidden = !admin;
+  document.getElementById("identity").hidden = !admin;
+  for (const id of ["tenants-note", "identity-note"]) {
+    const el = document.getElementById(id);
+    el.hidden = admin;
+    el.textContent = note;
+  }
+}
+
+async function readAdmin() {
+  try {
+    const identity = await getJson("/admin/identity");
+    keyState.scope = "admin";
+    keyState.message = "";
+    const [load, slots] = await Promise.allSettled([getJson("/admin/load"), getJson("/slots")]);
+    return { identity, load, slots };
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    if (err.status === 401) {
+      keyState.scope = "refused";
+      keyState.message = `This key was refused (${err.status}: ${err.message}). Check it, or ask for a new one.`;
+    } else if (err.status === 403) {
+      keyState.scope = "no-admin";
+      keyState.message = "This key has no admin scope: per-tenant load, slot detail and identity need an admin key.";
+    } else {
+      throw err;
+    }
+    return null;
+  }
+}
+
+// One round; resolves true when the daemon answered.
+export async function pollStatus() {
+  const key = getKey();
+  const [ready, admin] = await Promise.allSettled([readReadyz(), key ? readAdmin() : Promise.resolve(null)]);
+  if (!key) {
+    keyState.scope = "none";
+    keyState.message = "";
+  }
+  let problem = "";
+  let bad = false;
+  if (ready.status === "fulfilled") {
+    problem = renderReady(ready.value);
+    bad = ready.value.body.state === "FAILED";
+  } else {
+    problem = `The daemon does not answer (${ready.reason}); trying again, less and less often.`;
+    bad = true;
+    setText("st-state", "unreachable").className = "state bad";
+  }
+  const a = admin.status === "fulfilled" ? admin.value : null;
+  if (a) {
+    renderIdentity(a.identity);
+    if (a.load.status === "fulfilled") renderTenants(a.load.value);
+    if (a.slots.status === "fulfilled" && Array.isArray(a.slots.value)) {
+      const busy = a.slots.value.filter((s) => s.is_processing).length;
+      setText("st-slots", `${busy} / ${a.slots.value.length}`);
+    } else {
+      setText("st-slots", "– (llama-server is not running)");
+    }
+    showAdminParts(true, "");
+  } else {
+    if (ready.status === "fulfilled") {
+      // Without an admin key, the proxy's own count: requests holding a slot permit.
+      const r = ready.value.body;
+      setText("st-slots", `${r.in_flight} / ${r.slots}`);
+    }
+    showAdminParts(false, keyState.scope === "no-admin" ? keyState.message : "Needs an admin key.");
+  }
+  if (keyState.scope === "refused") {
+    problem = problem ? `${keyState.message} ${problem}` : keyState.message;
+    bad = true;
+  }
+  showMessage("status-message", problem, bad);
+  document.dispatchEvent(new CustomEvent("llamagate:key", { detail: { ...keyState } }));
+  setText("st-updated", clock());
+  return ready.status === "fulfilled" && admin.status === "fulfilled";
+}

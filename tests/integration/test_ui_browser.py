@@ -1,0 +1,438 @@
+"""The page in a real headless Chromium, against the daemon with the real llama-server and demo model.
+
+One daemon, one browser, the whole tour: the redirect, a wrong key, an admin key (status READY, slots,
+identity, per-tenant load), the playground (streamed text, time to first token, token counts), stop
+during a long answer (the slot is freed), a 429 with its Retry-After, and at the end: every request the
+page made went to the daemon's own origin, no Content-Security-Policy violation or script error was
+logged, and status polls never overlapped.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (and ``selenium``, in the test extra). Without them
+the test is skipped, except under ``CI=true``, where it fails: CI must run it.
+
+A screenshot of each view goes to ``$LLAMAGATE_SCREENSHOTS`` (default: the test's tmp folder, printed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from proxy.app import create_app
+from proxy.auth import new_key
+from proxy.settings import ProxySettings, TenantSettings
+from tests.fakes.fake_upstream import StaticSource, snapshot_for
+from tests.integration.conftest import Daemon, DaemonFactory, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "gemma-3-270m"
+WRONG_KEY = "lg_0123456789ab_" + "A" * 43
+# What the browser does when a tab goes to the background or comes back.
+HIDE_TAB = """
+Object.defineProperty(document, "hidden", {configurable: true, get: () => arguments[0]});
+document.dispatchEvent(new Event("visibilitychange"));
+"""
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",  # tests run as root in CI containers
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1100",
+)
+
+
+def _missing_browser() -> str | None:
+    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (pip install -e '.[test]')")
+    if not missing:
+        return None
+    return f"{', '.join(missing)} not found: install Debian's chromium and chromium-driver to run the UI test"
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    reason = _missing_browser()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(shutil.which("chromium"))
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    # Every network request of the page (CDP Network.* events), and its console (CSP reports, errors).
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    # An explicit driver path: Selenium Manager would otherwise try to download one.
+    service = Service(
+        executable_path=str(shutil.which("chromedriver")), log_output=str(tmp_path / "driver.log")
+    )
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("LLAMAGATE_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots: {folder}")
+    return folder
+
+
+class Page:
+    """The page as a person sees it, plus the browser's logs collected as the test goes."""
+
+    def __init__(self, driver: Any, daemon: Daemon | None, shots: Path) -> None:
+        self.driver = driver
+        self.daemon = daemon
+        self.shots = shots
+        self.network: list[dict[str, Any]] = []
+        self.console: list[dict[str, Any]] = []
+
+    def collect_logs(self) -> None:
+        for entry in self.driver.get_log("performance"):
+            self.network.append(json.loads(entry["message"])["message"])
+        self.console.extend(self.driver.get_log("browser"))
+
+    def el(self, element_id: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.ID, element_id)
+
+    def text(self, element_id: str) -> str:
+        return str(self.el(element_id).get_attribute("textContent") or "")
+
+    def wait(self, pred: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        from selenium.webdriver.support.wait import WebDriverWait
+
+        try:
+            WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(lambda _: pred())
+        except Exception:
+            state = {
+                i: self.text(i)
+                for i in (
+                    "key-status",
+                    "status-message",
+                    "st-state",
+                    "st-slots",
+                    "pg-state",
+                    "pg-message",
+                    "pg-ttft",
+                )
+            }
+            self.collect_logs()
+            pytest.fail(f"timed out waiting for {what}; page: {state}; console: {self.console[-5:]}")
+
+    def enter_key(self, key: str) -> None:
+        field = self.el("key")
+        field.clear()
+        field.send_keys(key)
+        self.el("key-use").click()
+
+    def type_into(self, element_id: str, value: str) -> None:
+        field = self.el(element_id)
+        field.clear()
+        field.send_keys(value)
+
+    def rows(self, tbody_id: str) -> list[list[str]]:
+        script = (
+            "return [...document.getElementById(arguments[0]).rows]"
+            ".map(r => [...r.cells].map(c => c.textContent))"
+        )
+        return list(self.driver.execute_script(script, tbody_id))
+
+    def dataset(self, name: str) -> str:
+        return str(self.driver.execute_script("return document.body.dataset[arguments[0]]", name))
+
+    def shot(self, name: str) -> None:
+        self.driver.save_screenshot(str(self.shots / name))
+
+    def slots_busy(self) -> list[bool]:
+        assert self.daemon is not None
+        r = httpx.get(
+            f"{self.daemon.base_url}/slots",
+            headers={"Authorization": f"Bearer {self.daemon.admin_key}"},
+            timeout=10,
+            trust_env=False,
+        )
+        r.raise_for_status()
+        return [bool(s["is_processing"]) for s in r.json()]
+
+
+def test_status_and_playground_in_chromium(
+    daemon_factory: DaemonFactory, browser: Any, screenshots: Path
+) -> None:
+    # One request at a time for the tenant and no queue: a second request is refused with 429 at once.
+    d = daemon_factory({"tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0}]})
+    page = Page(browser, d, screenshots)
+    origin = d.base_url
+
+    # / redirects to the page; without a key the public readiness shows.
+    browser.get(origin + "/")
+    assert browser.current_url == origin + "/ui/"
+    page.wait(lambda: page.text("st-state") == "READY", "READY without a key")
+    assert page.el("tenants-note").is_displayed() and "admin key" in page.text("tenants-note")
+
+    # A wrong key: said so plainly, in the key line and in the status view.
+    page.enter_key(WRONG_KEY)
+    page.wait(lambda: "refused" in page.text("key-status"), "the wrong key to be refused")
+    page.wait(lambda: page.el("status-message").is_displayed(), "the status message")
+    assert "401" in page.text("status-message") and "refused" in page.text("status-message")
+    page.shot("status-wrong-key.png")
+
+    # The admin key: READY, the slot count, identity and per-tenant load.
+    page.enter_key(d.admin_key)
+    page.wait(lambda: "admin scope" in page.text("key-status"), "the admin key to be accepted")
+    page.wait(lambda: page.text("st-slots") == "0 / 2", "slots 0 / 2")
+    assert page.text("st-state") == "READY"
+    assert not page.el("status-message").is_displayed()
+    page.wait(lambda: page.text("id-model-sha") == d.config["llama"]["model"]["sha256"], "the model sha256")
+    identity = d.admin_identity()
+    assert page.text("id-binary-sha") == identity["binary"]["sha256"]
+    assert page.text("id-commit") == identity["llama_cpp"]["commit"]
+    assert "version" in page.text("id-version")
+    assert page.text("id-slots") == "2"
+    page.wait(lambda: page.rows("tenants-body") == [["default", "0 / 1", "0 / 0"]], "the tenant table")
+    # The key stays in the tab's sessionStorage: not in the URL, not in a cookie.
+    assert d.admin_key not in browser.current_url and browser.get_cookies() == []
+    assert browser.execute_script("return sessionStorage.getItem('llamagate.key')") == d.admin_key
+    page.shot("status.png")
+
+    # The playground: a short answer streams in, with its figures.
+    page.el("tab-playground").click()
+    page.wait(lambda: page.el("pg-model").get_attribute("value") == MODEL, "the model list")
+    page.type_into("pg-system", "You are terse.")
+    page.type_into("pg-prompt", "Once upon a time")
+    page.type_into("pg-max-tokens", "24")
+    page.el("pg-send").click()
+    page.wait(lambda: page.text("pg-state") == "done", "the answer to finish", timeout=180)
+    assert page.text("pg-output").strip()
+    assert re.fullmatch(r"\d+ ms", page.text("pg-ttft")), page.text("pg-ttft")
+    assert 0 < int(page.text("pg-completion-tokens")) <= 24
+    assert int(page.text("pg-prompt-tokens")) > 0
+    assert re.fullmatch(r"\d+\.\d", page.text("pg-rate")), page.text("pg-rate")
+    page.shot("playground.png")
+
+    # A long answer: text grows while it is generated (streamed), then Stop frees the slot.
+    page.type_into("pg-max-tokens", "3000")
+    page.el("pg-send").click()
+    page.wait(
+        lambda: len(page.text("pg-output")) > 0 and page.text("pg-state") == "generating…", "first text"
+    )
+    first = len(page.text("pg-output"))
+    page.wait(lambda: len(page.text("pg-output")) > first, "more text while generating", timeout=120)
+    assert page.text("pg-state") == "generating…"
+    wait_until(lambda: any(page.slots_busy()), "a busy slot in /slots", timeout=30)
+    page.el("pg-stop").click()
+    page.wait(lambda: page.text("pg-state") == "stopped", "the stopped state")
+    assert page.el("pg-send").is_enabled() and not page.el("pg-stop").is_enabled()
+    wait_until(lambda: not any(page.slots_busy()), "every slot free in /slots after Stop", timeout=60)
+    page.el("tab-status").click()
+    page.wait(lambda: page.text("st-slots") == "0 / 2", "the status view to show the slot freed")
+    page.wait(
+        lambda: page.rows("tenants-body") == [["default", "0 / 1", "0 / 0"]], "the tenant's permit back"
+    )
+
+    # 429: another client holds the tenant's only permit; the page shows the message and Retry-After.
+    page.el("tab-playground").click()
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold_the_permit() -> None:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Tell a long story"}],
+            "max_tokens": 3000,
+            "stream": True,
+        }
+        headers = {"Authorization": f"Bearer {d.inference_key}"}
+        with (
+            httpx.Client(timeout=120, trust_env=False) as client,
+            client.stream("POST", f"{origin}/v1/chat/completions", json=body, headers=headers) as r,
+        ):
+            for _ in r.iter_lines():
+                holding.set()
+                if release.is_set():
+                    return
+
+    holder = threading.Thread(target=hold_the_permit, daemon=True)
+    holder.start()
+    try:
+        assert holding.wait(120), "the other client's stream did not start"
+        page.type_into("pg-max-tokens", "8")
+        page.el("pg-send").click()
+        page.wait(lambda: page.text("pg-state") == "refused (429)", "the 429")
+        message = page.text("pg-message")
+        assert message.startswith("429: ") and re.search(r"retry after \d+ s$", message), message
+        page.shot("playground-429.png")
+    finally:
+        release.set()
+        holder.join(60)
+    assert not holder.is_alive()
+    wait_until(lambda: not any(page.slots_busy()), "every slot free at the end", timeout=60)
+
+    page.collect_logs()
+    sent = [m["params"] for m in page.network if m["method"] == "Network.requestWillBeSent"]
+    # The browser's own pages (the new-tab page it starts on) log here too; they are not the page's.
+    browser_own = [r for r in sent if not r["documentURL"].startswith(origin + "/")]
+    assert all(r["documentURL"].startswith(("chrome://", "about:", "data:")) for r in browser_own), [
+        (r["documentURL"], r["request"]["url"]) for r in browser_own
+    ]
+    requests = [r for r in sent if r["documentURL"].startswith(origin + "/")]
+    urls = [r["request"]["url"] for r in requests]
+    assert any(u.endswith("/ui/app.js") for u in urls) and any(u.endswith("/admin/load") for u in urls)
+    off_origin = [u for u in urls if not u.startswith(origin + "/")]
+    assert off_origin == [], f"the page requested something off its origin: {off_origin}"
+    assert not any(
+        "Authorization" in r["request"].get("headers", {}) and "/ui/" in r["request"]["url"] for r in requests
+    ), "a static file was requested with the key"
+
+    problems = [
+        e["message"]
+        for e in page.console
+        if re.search(r"Content Security Policy|Refused to|TrustedHTML|Uncaught", e["message"])
+    ]
+    assert problems == [], problems
+
+    # The keys the page sent never reached the daemon's log (its access log names the key id only).
+    log = d.log_text()
+    assert "/admin/load" in log and d.admin_key not in log and WRONG_KEY not in log
+
+    # Status polls never overlap: each /readyz starts after the previous one ended.
+    ended = {
+        m["params"]["requestId"]: m["params"]["timestamp"]
+        for m in page.network
+        if m["method"] in ("Network.loadingFinished", "Network.loadingFailed")
+    }
+    polls = sorted(
+        (r["timestamp"], ended.get(r["requestId"]))
+        for r in requests
+        if r["request"]["url"].endswith("/readyz")
+    )
+    assert len(polls) >= 3
+    for (_, previous_end), (start, _) in itertools.pairwise(polls):
+        assert previous_end is not None and start >= previous_end, polls
+
+
+@contextmanager
+def proxy_in_thread(settings: ProxySettings, source: StaticSource) -> Iterator[str]:
+    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous)."""
+    config = uvicorn.Config(
+        create_app(settings, source), host="127.0.0.1", port=0, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="proxy", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), "the proxy to listen", timeout=30)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots: Path) -> None:
+    """The fault paths, with a fake upstream source: FAILED, draining, not ready, a key without the
+    admin scope, one without the inference scope, a 503 in the playground, and the daemon gone."""
+    keys, entries = {}, []
+    for name, scopes in (("inference", {"inference"}), ("admin_only", {"admin"})):
+        keys[name], entry = new_key("default", frozenset(scopes))  # type: ignore[arg-type]
+        entries.append(entry)
+    settings = ProxySettings(tenants=(TenantSettings("default"),), keys=tuple(entries))
+    source = StaticSource(snapshot_for(None, None, slots=4))
+    with proxy_in_thread(settings, source) as origin:
+        page = Page(browser, None, screenshots)
+        source.update(state="FAILED", ready=False, reason="5 restarts within 300 s; last: exited with code 1")
+        browser.get(origin + "/ui/")
+        page.wait(lambda: page.text("st-state") == "FAILED", "FAILED")
+        assert "bad" in str(page.el("st-state").get_attribute("class"))
+        message = page.text("status-message")
+        assert "FAILED" in message and "5 restarts within 300 s" in message, message
+        page.shot("status-failed.png")
+
+        source.update(state="READY", ready=False, reason="draining: the daemon is stopping")
+        page.wait(lambda: "draining" in page.text("status-message"), "the draining message")
+
+        source.update(state="BACKOFF", ready=False, reason="exited with signal 9", retry_after_s=3.2)
+        page.wait(lambda: page.text("st-state") == "BACKOFF", "BACKOFF")
+        message = page.text("status-message")
+        assert "exited with signal 9" in message and "retry after 4 s" in message, message
+
+        # An inference key: the public figures, and a plain note where admin data would be.
+        page.enter_key(keys["inference"])
+        page.wait(lambda: "no admin scope" in page.text("key-status"), "the no-admin note")
+        assert "admin scope" in page.text("tenants-note") and page.el("tenants-note").is_displayed()
+        assert page.text("st-slots") == "0 / 4"
+
+        # The playground while the child is not ready: 503 with its Retry-After.
+        source.update(state="STARTING", ready=False, reason="loading model", retry_after_s=7)
+        page.el("tab-playground").click()
+        page.type_into("pg-prompt", "hello")
+        page.el("pg-send").click()
+        page.wait(lambda: page.text("pg-state") == "refused (503)", "the 503")
+        message = page.text("pg-message")
+        assert message.startswith("503: ") and "loading model" in message, message
+        assert message.endswith("retry after 7 s"), message
+        page.shot("playground-503.png")
+
+        # An admin-only key cannot use the playground, and is told so.
+        page.enter_key(keys["admin_only"])
+        page.wait(lambda: "no inference scope" in page.text("pg-message"), "the no-inference message")
+        page.el("tab-status").click()
+        page.wait(lambda: "admin scope" in page.text("key-status"), "the admin-only key accepted for status")
+
+        # Forget key: gone from the tab's storage, and the page says so.
+        page.el("key-forget").click()
+        page.wait(lambda: page.text("key-status").startswith("No key entered"), "the key forgotten")
+        assert browser.execute_script("return sessionStorage.length") == 0
+
+        # A hidden tab polls nothing; shown again, it polls at once.
+        page.wait(lambda: page.dataset("pollDelayMs") == "3000", "the normal pace")
+        browser.execute_script(HIDE_TAB, True)
+        page.wait(lambda: page.dataset("polling") == "paused", "polling paused")
+        rounds = page.dataset("pollRounds")
+        time.sleep(7)  # two and more polling intervals: proving an absence takes waiting
+        assert page.dataset("pollRounds") == rounds
+        browser.execute_script(HIDE_TAB, False)
+        page.wait(lambda: page.dataset("pollRounds") != rounds, "a poll as soon as the tab shows again")
+
+    # The daemon is gone: said so, and the page keeps trying, less and less often.
+    page.wait(lambda: page.text("st-state") == "unreachable", "unreachable")
+    assert "does not answer" in page.text("status-message")
+    page.wait(lambda: int(page.dataset("pollDelayMs")) >= 6000, "the polls to back off")
+    page.collect_logs()
+    problems = [
+        e["message"]
+        for e in page.console
+        if re.search(r"Content Security Policy|Refused to|Uncaught", e["message"])
+    ]
+    assert problems == [], problems

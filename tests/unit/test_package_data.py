@@ -1,0 +1,48 @@
+"""A non-editable install (`pip install .`) carries the page's static files: built as pip builds it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_contains_every_static_file(tmp_path: Path) -> None:
+    # Build from a copy, so the checkout gets no build/ or egg-info folder; offline, like an air-gapped host.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "llama-build.lock"):
+        shutil.copy2(REPO / name, src / name)
+    for package in ("proxy", "supervisor"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "dist"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    (wheel,) = out.glob("llamagate-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = sorted(p.name for p in (REPO / "proxy" / "static").iterdir() if p.is_file())
+    assert {"index.html", "app.js", "style.css"} <= set(static)
+    missing = [n for n in static if f"proxy/static/{n}" not in names]
+    assert missing == [], f"not in the wheel: {missing}"
+    assert "proxy/ui.py" in names
