@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES = ("run", "sweep", "overload", "experiments", "startup", "proxy", "scrape")
+BENCH_MODULES = ("run", "sweep", "overload", "experiments", "startup", "proxy", "scrape", "scaleout")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
