@@ -198,6 +198,10 @@ async def test_draining_replica_finishes_its_stream_and_sends_new_requests_elsew
         before = len(replicas.nginx.access_log())
         victim.signal(signal.SIGTERM)
         victim.wait_for(lambda code, body: code == 503, "draining")
+        # A draining replica refuses new work at once, with its own Retry-After: the balancer moves on.
+        refused = await client.post(victim.base_url + "/v1/chat/completions", json=chat(4, False))
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        assert "draining" in refused.json()["error"]["message"]
         # While the victim drains its stream, new requests through nginx all land on the others.
         statuses = await _sequential(client, url, 2 * REPLICAS)
         draining_while_sent = victim.proc.poll() is None
