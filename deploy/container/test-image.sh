@@ -67,7 +67,16 @@ fi
 # 2. The build, as docs/deploy.md shows it (Container, "No registry").
 start=$(date +%s)
 say "podman build (compiles llama-server inside; about 10 minutes on 2 cores)"
-podman build --format docker --pull=never --build-arg DEBIAN="$BASE" --build-arg BAKE_DEMO_MODEL=1 \
+# The build reaches PyPI over TLS. On machines whose traffic to PyPI passes an intercepting proxy (these CI
+# machines: "self-signed certificate in certificate chain" inside the container), the base image does not
+# trust that proxy's CA: lend the build the host's CA bundle and a pip.conf naming it, for the RUN steps
+# only (bind mounts are not part of the image).
+mounts=()
+if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+    printf '[global]\ncert = /run/host-ca/ca-certificates.crt\n' >"$WORK/pip.conf"
+    mounts=(-v /etc/ssl/certs/ca-certificates.crt:/run/host-ca/ca-certificates.crt:ro -v "$WORK/pip.conf:/etc/pip.conf:ro")
+fi
+podman build --format docker --pull=never "${mounts[@]}" --build-arg DEBIAN="$BASE" --build-arg BAKE_DEMO_MODEL=1 \
     -f deploy/container/Containerfile --ignorefile deploy/container/Containerfile.dockerignore \
     -t "$IMAGE" . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
 built=$(( $(date +%s) - start ))
