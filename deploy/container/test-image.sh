@@ -82,8 +82,12 @@ podman build --format docker --pull=never "${mounts[@]}" --build-arg DEBIAN="$BA
 built=$(( $(date +%s) - start ))
 size=$(podman image inspect "$IMAGE" --format '{{.Size}}')
 say "built in ${built} s, $(( size / 1000000 )) MB"
-grep -q 'HEALTHCHECK\|Healthcheck' <(podman image inspect "$IMAGE" --format '{{json .Config}}{{json .HealthCheck}}') \
-    || { say "the image lost its HEALTHCHECK (was --format docker dropped?)"; exit 1; }
+# An OCI image has no HEALTHCHECK: podman shows null there when --format docker was dropped.
+healthcheck=$(podman image inspect "$IMAGE" --format '{{json .HealthCheck}}')
+case "$healthcheck" in
+    *'"Test"'*) ;;
+    *) say "the image lost its HEALTHCHECK (was --format docker dropped?): $healthcheck"; exit 1 ;;
+esac
 
 # 3. Run it as the image says (its own user), published on loopback only.
 podman run -d --name "$NAME" -p "127.0.0.1:${PORT}:8080" --read-only --tmpfs /tmp "$IMAGE" >/dev/null
