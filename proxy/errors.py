@@ -11,7 +11,8 @@
     ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
-    └── UpstreamFailure             502 upstream_error           child unreachable / died / malformed answer
+    └── UpstreamFailure             502 upstream_error           child died / hung up / malformed answer
+        ├── UpstreamUnreachable     503 unavailable_error        + Retry-After; nothing reached the child
         └── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
 
 Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
@@ -155,6 +156,20 @@ class UpstreamFailure(ProxyError):
     type = "upstream_error"
     code = "upstream_error"
     outcome = "upstream_error"
+
+
+class UpstreamUnreachable(UpstreamFailure):
+    """The child refused the connection (it just died, or is being replaced): nothing reached it, so no work
+    began. A 503, like NotReady, so that a load balancer in front may send the request to another replica:
+    llamagate answers 429 or 503 only before anything reached llama-server (docs/deploy.md, scale-out)."""
+
+    status = 503
+    type = "unavailable_error"
+    code = "not_ready"
+    outcome = "rejected:not_ready"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, headers=_retry_after(retry_after_s))
 
 
 class UpstreamTimeout(UpstreamFailure):

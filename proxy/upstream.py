@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.errors import UpstreamFailure, UpstreamTimeout
+from proxy.errors import UpstreamFailure, UpstreamTimeout, UpstreamUnreachable
 from proxy.readiness import UpstreamSnapshot
 from proxy.settings import Timeouts
 
@@ -347,7 +347,7 @@ class Upstream:
         ):
             return cached[3], cached[4], self._epoch
         if snap.base_url is None:
-            raise UpstreamFailure("llama-server is not listening")
+            raise UpstreamUnreachable("llama-server is not listening")
         parts = urlsplit(snap.base_url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
         if not _SAFE.fullmatch(parts.netloc) or (snap.secret and not _SAFE.fullmatch(snap.secret)):
@@ -393,7 +393,8 @@ class Upstream:
                 except OSError:
                     if attempt == 1:
                         continue
-                    raise UpstreamFailure("llama-server is unreachable") from None
+                    # Refused twice: the child is gone or not listening yet, and nothing was sent.
+                    raise UpstreamUnreachable("llama-server is not accepting connections") from None
             try:
                 await conn.send(head, body, method == "HEAD")
                 await conn.headers()

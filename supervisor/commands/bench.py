@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES = ("run", "sweep", "overload", "experiments", "startup", "proxy", "scrape", "cache", "soak")
+BENCH_MODULES = (
+    "run",
+    "sweep",
+    "overload",
+    "experiments",
+    "startup",
+    "proxy",
+    "scrape",
+    "cache",
+    "soak",
+    "scaleout",
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -28,6 +28,7 @@ from proxy.auth import new_key
 from supervisor.bench.launcher import deep_merge, read_base_config, start_llamagate
 from supervisor.child import free_port
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 TENANTS = ("shared", "strict")
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--rounds", type=int, default=10, help="rounds, one request per tenant each (10)")
     parser.add_argument("--prefix-words", type=int, default=1000, help="words in the shared prefix (1000)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=interruptible(_run))
 
 
 def _config(base: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

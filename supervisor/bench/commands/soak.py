@@ -12,6 +12,7 @@ from supervisor.bench.launcher import read_base_config
 from supervisor.bench.soak import SoakSpec, run_soak
 from supervisor.bench.soak_ledger import summary_text
 from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 
@@ -73,4 +74,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--no-chaos", action="store_true", help="load only: no kill, stop or reload")
     options.add_output_options(parser)
-    parser.set_defaults(func=_handle)
+    parser.set_defaults(func=interruptible(_handle))

@@ -353,11 +353,14 @@ async def test_prompt_too_large_is_refused_before_taking_a_slot(proxy_factory: P
         assert (await c.post("/v1/completions", json={"prompt": "short"})).status_code == 200
 
 
-async def test_unreachable_child_is_502(proxy_factory: ProxyFactory) -> None:
+async def test_unreachable_child_is_503_with_retry_after(proxy_factory: ProxyFactory) -> None:
+    # The child refused the connection (it died a moment ago): nothing reached it, so the answer is a
+    # retryable 503 that a load balancer may send to another replica, not a 502 (docs/deploy.md).
     async with proxy_factory() as p, p.client() as c:
         await p.fake.stop()
         r = await c.post("/v1/chat/completions", json=CHAT)
-        assert_error_shape(r, 502, "upstream_error")
+        assert assert_error_shape(r, 503, "not_ready")["type"] == "unavailable_error"
+        assert r.headers["retry-after"] == "1"
         assert p.runtime.in_flight == 0
 
 

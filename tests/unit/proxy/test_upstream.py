@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from proxy import upstream as upstream_mod
-from proxy.errors import UpstreamFailure
+from proxy.errors import UpstreamFailure, UpstreamUnreachable
 from proxy.settings import Timeouts
 from proxy.upstream import Upstream, UpstreamClosed
 from tests.fakes.fake_upstream import FakeLlama, eventually, snapshot_for
@@ -95,9 +95,11 @@ async def test_unreachable_child() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connections are refused
         up = Upstream(Timeouts())
-        with pytest.raises(UpstreamFailure) as info:
+        with pytest.raises(UpstreamUnreachable) as info:
             await up.open(snapshot_for(f"http://127.0.0.1:{port}", None), "GET", "/v1/models", None, "r")
-        assert "unreachable" in info.value.message
+        assert "not accepting connections" in info.value.message
+        # Nothing was sent: a 503 a load balancer may retry elsewhere, unlike a 502 after sending.
+        assert info.value.status == 503 and info.value.headers == {"retry-after": "1"}
     await up.aclose()
 
 

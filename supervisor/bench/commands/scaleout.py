@@ -1,0 +1,190 @@
+"""``llamagate bench scaleout``: replicas behind real nginx, least-loaded with retries vs plain round robin.
+
+Starts ``--replicas`` private llamagate daemons (1 slot each, no queue: a busy replica refuses at once
+with 429), then, in alternating order for each round, puts a real nginx in front of them in two ways and
+offers the same closed-loop load (by default twice the set's slots) for the same time:
+
+  balanced     the shipped deploy/nginx/llamagate.conf: least_conn, and a request refused with 429/503
+               is tried on the next replica
+  round-robin  the same file without least_conn and without the retry rule
+
+Clients are the benchmark's own closed-loop users: a refused user waits Retry-After (as the OpenAI SDK
+does) before its next request. It reports, per mode, goodput (requests within the latency gates) per
+second, completions, refusals seen by clients, latency distributions, and how often nginx passed a
+request on. Exit 0 when the balanced set's goodput per second is at least the round-robin set's in every
+round, 1 otherwise, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from supervisor.bench import options
+from supervisor.bench.client import Target
+from supervisor.bench.launcher import (
+    Launched,
+    deep_merge,
+    llamagate_overrides,
+    read_base_config,
+    start_llamagate,
+)
+from supervisor.bench.loadgen import LoadSpec
+from supervisor.bench.nginx import MODES, SHIPPED_CONF, Mode, start_nginx
+from supervisor.bench.provenance import collect
+from supervisor.bench.runner import RunSpec, run
+from supervisor.child import free_port
+from supervisor.errors import UsageError
+from supervisor.interrupts import interruptible
+from supervisor.progress import ConsoleProgress
+
+SCHEMA = "llamagate.bench.scaleout/1"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "scaleout",
+        help="replicas behind real nginx: least-loaded with retries vs round robin, goodput in one run",
+        description="Start N one-slot llamagate replicas and compare, under the same closed-loop load, the "
+        "shipped nginx configuration (least_conn, retry on 429/503) with plain round robin. Exit 0 when the "
+        "shipped configuration's goodput per second is at least round robin's in every round.",
+    )
+    parser.add_argument("--config", type=Path, help="base llamagate config (default: the embedded default)")
+    parser.add_argument("--replicas", type=int, default=3, help="llamagate replicas, 1 slot each (3)")
+    parser.add_argument("--concurrency", type=int, help="closed-loop users (default: 2 x replicas)")
+    parser.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of load per mode and round (60)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of (balanced, round-robin) (1)")
+    parser.add_argument("--ctx-per-slot", type=int, default=1024, help="each replica's context (1024)")
+    parser.add_argument(
+        "--nginx-conf", type=Path, default=SHIPPED_CONF, help="the nginx site file to test (the shipped one)"
+    )
+    options.add_request_options(parser)
+    options.add_gate_options(parser)
+    options.add_output_options(parser)
+    parser.set_defaults(func=interruptible(_handle), max_tokens=64)
+
+
+def replica_overrides() -> tuple[dict[str, Any], str]:
+    """Overrides shared by every replica: one tenant admitting 1 request with no queue, and one key valid
+    on every replica (as a real replica set shares its ConfigMap and Secret). Each replica adds its port."""
+    overrides, key = llamagate_overrides(admit=1, max_queue=0, queue_timeout_s=1.0)
+    overrides["proxy"].pop("port", None)
+    return overrides, key
+
+
+def _summary_row(mode: str, round_no: int, summary: Any, passed_on: int, records: int) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "round": round_no,
+        "submitted": summary.submitted,
+        "completed": summary.completed,
+        "rejected": summary.rejected,
+        "failed": summary.failed,
+        "goodput": summary.goodput,
+        "goodput_per_s": summary.goodput_per_s,
+        "ttft_ms_p50": summary.ttft_ms.p50,
+        "ttft_ms_p95": summary.ttft_ms.p95,
+        "tpot_ms_p50": summary.tpot_ms.p50,
+        "nginx_requests": records,
+        "nginx_passed_on": passed_on,
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    out = [
+        "| round | mode | submitted | completed | refused (client saw 429/503) | goodput | goodput/s | "
+        "TTFT p50 ms | TTFT p95 ms | passed on by nginx |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['round']} | {r['mode']} | {r['submitted']} | {r['completed']} | {r['rejected']} | "
+            f"{r['goodput']} | {f(r['goodput_per_s'], '.3f')} | {f(r['ttft_ms_p50'], '.0f')} | "
+            f"{f(r['ttft_ms_p95'], '.0f')} | {r['nginx_passed_on']} of {r['nginx_requests']} |"
+        )
+    return "\n".join(out)
+
+
+def verdict(rows: list[dict[str, Any]]) -> bool:
+    """Balanced goodput/s >= round-robin goodput/s in every round."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by_round.setdefault(r["round"], {})[r["mode"]] = r["goodput_per_s"] or 0.0
+    return all(m.get("balanced", 0.0) >= m.get("round-robin", 0.0) for m in by_round.values())
+
+
+def _handle(args: argparse.Namespace) -> int:
+    if args.replicas < 2:
+        raise UsageError("--replicas: at least 2 (one replica has nothing to balance)")
+    if args.rounds < 1 or args.duration <= 0:
+        raise UsageError("--rounds must be >= 1 and --duration > 0")
+    concurrency = args.concurrency or 2 * args.replicas
+    progress = ConsoleProgress()
+    out = options.out_dir(args, "scaleout")
+    out.mkdir(parents=True, exist_ok=True)
+    shared, key = replica_overrides()
+    base = read_base_config(args.config)
+    per_replica = {"llama": {"slots": 1, "threads": 1, "ctx_per_slot": args.ctx_per_slot}}
+    launched: list[Launched] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="llamagate-scaleout-") as tmp:
+            for i in range(args.replicas):
+                cfg = deep_merge(
+                    deep_merge(deep_merge(base, per_replica), shared), {"proxy": {"port": free_port()}}
+                )
+                launched.append(start_llamagate(cfg, key, Path(tmp) / f"replica{i}", progress=progress))
+            addrs = [f"127.0.0.1:{launch.target.base_url.rsplit(':', 1)[1]}" for launch in launched]
+            for round_no in range(1, args.rounds + 1):
+                order: list[Mode] = list(MODES) if round_no % 2 else list(reversed(MODES))
+                for mode in order:
+                    nginx = start_nginx(
+                        addrs, Path(tmp) / f"nginx-{mode}-{round_no}", mode=mode, site_conf=args.nginx_conf
+                    )
+                    try:
+                        spec = RunSpec(
+                            target=Target(nginx.url, key),
+                            load=LoadSpec(
+                                "concurrency", concurrency, duration_s=args.duration, warmup=0, seed=args.seed
+                            ),
+                            prompts=options.prompts(args),
+                            options=options.request_options(args),
+                            gates=options.gates(args),
+                        )
+                        result = run(spec, out / f"round{round_no}-{mode}", progress)
+                    finally:
+                        nginx.stop()
+                    access = nginx.access_log()
+                    passed_on = sum(1 for r in access if len(r.tried) > 1)
+                    rows.append(_summary_row(mode, round_no, result.summary, passed_on, len(access)))
+    finally:
+        identities = [launch.identity for launch in launched]
+        for launch in launched:
+            launch.stop()
+    ok = verdict(rows)
+    report = {
+        "schema": SCHEMA,
+        "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "replicas": args.replicas,
+        "concurrency": concurrency,
+        "duration_s": args.duration,
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "passed": ok,
+        "provenance": collect(sys.argv, {}, {"replicas": identities[:1]}),
+    }
+    (out / "scaleout.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    print(_table(rows))
+    print(f"verdict: {'PASS' if ok else 'FAIL'}: balanced goodput/s >= round-robin goodput/s in every round")
+    print(f"results: {out}")
+    return 0 if ok else 1

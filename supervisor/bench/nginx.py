@@ -1,0 +1,192 @@
+"""A real nginx in front of llamagate replicas: the shipped ``deploy/nginx/llamagate.conf``, run as a child.
+
+The scale-out test and ``llamagate bench scaleout`` run the operator's file itself, not a look-alike: only
+its replica lines (``server ... # replica``) and its ``listen`` port are replaced. The comparison mode
+``round-robin`` then removes exactly two things, ``least_conn`` and the retry rule, so the two runs differ
+only in what is being compared. nginx runs in the foreground (``daemon off``) as a single process
+(``master_process off``: a master's workers would outlive a master killed by SIGKILL, they carry no
+parent-death signal), under a private prefix folder, tied to this process (``child.popen_tied``: it dies
+with it, even by SIGKILL) and stopped with SIGQUIT (graceful), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from supervisor.child import popen_tied
+from supervisor.errors import StartupError, UsageError
+
+Mode = Literal["balanced", "round-robin"]
+MODES: tuple[Mode, ...] = ("balanced", "round-robin")
+SHIPPED_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "llamagate.conf"
+# One access-log line per request: status, every replica tried and what each answered (nginx lists them
+# comma-separated in order), so a test can see a refusal being retried on the next replica.
+ACCESS_FORMAT = "$status|$upstream_addr|$upstream_status|$request_time"
+
+_REPLICA = re.compile(r"^[ \t]*server[ \t]+\S+[^\n]*#[ \t]*replica[ \t]*\n", re.MULTILINE)
+_LISTEN = re.compile(r"^([ \t]*)listen[ \t]+\S+;", re.MULTILINE)
+_LEAST_CONN = re.compile(r"^[ \t]*least_conn;[ \t]*\n", re.MULTILINE)
+_NEXT_UPSTREAM = re.compile(r"^([ \t]*)proxy_next_upstream[ \t][^\n]*\n", re.MULTILINE)
+_NEXT_UPSTREAM_ANY = re.compile(r"^[ \t]*proxy_next_upstream_\w+[ \t][^\n]*\n", re.MULTILINE)
+
+
+def render_site(shipped: str, replicas: Sequence[str], listen_port: int, mode: Mode = "balanced") -> str:
+    """The shipped site file with ``replicas`` (``host:port``) and ``listen_port`` put in.
+
+    ``round-robin`` is the baseline: nginx's default balancing and no retries (``proxy_next_upstream off``).
+    Raises ``UsageError`` when the file no longer has the lines this relies on."""
+    if not replicas:
+        raise UsageError("no replicas to balance")
+    found = list(_REPLICA.finditer(shipped))
+    if not found:
+        raise UsageError("nginx site file: no `server HOST:PORT ...; # replica` line in the upstream block")
+    indent = re.match(r"[ \t]*", found[0].group(0))
+    pad = indent.group(0) if indent else "    "
+    lines = "".join(f"{pad}server {addr} max_fails=0;  # replica\n" for addr in replicas)
+    # Replace the first replica line with the new set and drop the others.
+    out = shipped[: found[0].start()] + lines + _REPLICA.sub("", shipped[found[0].end() :])
+    out, n = _LISTEN.subn(rf"\g<1>listen 127.0.0.1:{listen_port};", out)
+    if n != 1:
+        raise UsageError(f"nginx site file: expected one `listen` directive, found {n}")
+    out = re.sub(r"proxy_next_upstream_tries \d+;", f"proxy_next_upstream_tries {len(replicas)};", out)
+    if mode == "round-robin":
+        out, n_lc = _LEAST_CONN.subn("", out)
+        out = _NEXT_UPSTREAM_ANY.sub("", out)
+        out, n_nu = _NEXT_UPSTREAM.subn(r"\g<1>proxy_next_upstream off;\n", out)
+        if n_lc != 1 or n_nu != 1:
+            raise UsageError("nginx site file: expected one `least_conn;` and one `proxy_next_upstream` line")
+    return out
+
+
+def main_conf(prefix: Path, site: Path) -> str:
+    """nginx.conf for a private, foreground nginx whose every file lives under ``prefix``."""
+    user = "user root root;\n" if os.geteuid() == 0 else ""  # workers must read/write the prefix folder
+    temp = "\n".join(
+        f"    {kind}_temp_path {prefix / 'tmp' / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return f"""{user}master_process off;
+daemon off;
+pid {prefix / "nginx.pid"};
+error_log {prefix / "error.log"} info;
+events {{ worker_connections 1024; }}
+http {{
+    log_format llamagate '{ACCESS_FORMAT}';
+    access_log {prefix / "access.log"} llamagate;
+{temp}
+    include {site};
+}}
+"""
+
+
+@dataclass
+class AccessRecord:
+    status: int
+    tried: list[str]  # replica addresses, in the order nginx tried them
+    answers: list[str]  # what each tried replica answered ("429", "200", "502", "-")
+
+
+@dataclass
+class Nginx:
+    proc: subprocess.Popen[bytes]
+    port: int
+    prefix: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def access_log(self) -> list[AccessRecord]:
+        path = self.prefix / "access.log"
+        out: list[AccessRecord] = []
+        if not path.exists():
+            return out
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            parts = line.split("|")
+            if len(parts) != 4 or not parts[0].isdigit():
+                continue
+            # Several tries read "a:1, b:2" (", " between tries; " : " between upstream groups).
+            tried = [p for p in re.split(r"[,:]\s+", parts[1].strip()) if p]
+            answers = [p for p in re.split(r"[,:]\s+", parts[2].strip()) if p]
+            out.append(AccessRecord(int(parts[0]), tried, answers))
+        return out
+
+    def error_log(self) -> str:
+        path = self.prefix / "error.log"
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful: finish open requests, then exit
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def nginx_binary() -> Path | None:
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+    )
+    return Path(found) if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_nginx(
+    replicas: Sequence[str],
+    prefix: Path,
+    *,
+    mode: Mode = "balanced",
+    site_conf: Path = SHIPPED_CONF,
+    port: int | None = None,
+    ready_timeout_s: float = 30.0,
+) -> Nginx:
+    """Render the site file for ``replicas``, check it (``nginx -t``), start nginx, wait for its port."""
+    binary = nginx_binary()
+    if binary is None:
+        raise StartupError("nginx is not installed (Debian: apt-get install nginx)")
+    try:
+        shipped = site_conf.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"nginx site file {site_conf}: {exc.strerror or exc}") from exc
+    port = port or _free_port()
+    (prefix / "tmp").mkdir(parents=True, exist_ok=True)
+    site = prefix / "site.conf"
+    site.write_text(render_site(shipped, replicas, port, mode), encoding="utf-8")
+    conf = prefix / "nginx.conf"
+    conf.write_text(main_conf(prefix, site), encoding="utf-8")
+    argv = [str(binary), "-p", str(prefix), "-c", str(conf)]
+    check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise StartupError(f"nginx -t refused the rendered configuration:\n{check.stderr.strip()}")
+    with (prefix / "stderr.log").open("wb") as err:
+        proc = popen_tied(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+    nginx = Nginx(proc, port, prefix)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StartupError(f"nginx exited with {proc.returncode}:\n{nginx.error_log()[-2000:]}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return nginx
+        time.sleep(0.05)
+    nginx.stop()
+    raise StartupError(f"nginx did not listen on 127.0.0.1:{port} within {ready_timeout_s:g} s")
