@@ -129,26 +129,27 @@ def test_openai_sdk_through_the_daemon(daemon_factory: DaemonFactory) -> None:
 
 
 def test_request_text_that_llama_server_echoes_never_reaches_the_log(daemon_factory: DaemonFactory) -> None:
-    # Both bodies pass the proxy (valid JSON to Python) and make llama-server print part of them at its
-    # default verbosity: nlohmann::json refuses a lone surrogate and quotes what it last read; a bad
-    # grammar is dumped whole. The daemon logs the child's lines at DEBUG here.
+    # A bad grammar passes the proxy (valid JSON, a string field) and makes llama-server print it whole at
+    # its default verbosity. A lone surrogate, which nlohmann::json refuses quoting what it last read, no
+    # longer reaches the child: the proxy refuses it (400) itself. The daemon logs the child's lines at
+    # DEBUG here.
     d = daemon_factory()
     headers = {"Authorization": f"Bearer {d.inference_key}", "Content-Type": "application/json"}
-    bodies = [
-        b'{"model": "gemma-3-270m", "prompt": "PROMPT-CANARY-91c2 secret \\ud800 x", "max_tokens": 2}',
+    surrogate = b'{"model": "gemma-3-270m", "prompt": "PROMPT-CANARY-91c2 secret \\ud800 x", "max_tokens": 2}'
+    grammar = (
         b'{"model": "gemma-3-270m", "prompt": "hi", "max_tokens": 2, '
-        b'"grammar": "root ::= GRAMMAR-CANARY-5e1d"}',
-    ]
-    for body in bodies:
-        r = httpx.post(
-            f"{d.base_url}/v1/completions", content=body, headers=headers, trust_env=False, timeout=120
-        )
-        assert r.status_code >= 400, r.text
+        b'"grammar": "root ::= GRAMMAR-CANARY-5e1d"}'
+    )
+    url = f"{d.base_url}/v1/completions"
+    r = httpx.post(url, content=surrogate, headers=headers, trust_env=False, timeout=120)
+    assert r.status_code == 400 and "surrogate" in r.text, r.text
+    r = httpx.post(url, content=grammar, headers=headers, trust_env=False, timeout=120)
+    assert r.status_code >= 400, r.text
     d.stop()
     log = d.log_text()
-    # The child did print those lines, and they were captured ...
-    assert "got exception: code 500" in log and "error parsing grammar" in log
-    # ... without the request's text.
+    # The child did print its grammar error, and it was captured ...
+    assert "error parsing grammar" in log
+    # ... without the request's text, from either body.
     assert "CANARY" not in log
 
 
@@ -213,7 +214,7 @@ def test_ctrl_c_reaches_only_the_daemon_which_stops_the_child_itself(daemon_fact
     assert pid is not None
     assert os.getpgid(pid) != os.getpgid(d.pid)  # the child has its own process group
     os.killpg(os.getpgid(d.pid), signal.SIGINT)  # what a terminal's Ctrl-C does to the foreground group
-    assert d.wait_exit() == 0
+    assert d.wait_exit() == 130  # a clean stop, reported as an interrupted command (docs/operations.md)
     assert process_gone(pid)
     exits = [r for r in d.log_records() if r.get("pid") == pid and "returncode" in r]
     # The daemon decided: it sent SIGTERM after draining, and the child exited on it (not SIGINT).
