@@ -56,7 +56,15 @@ def start_bench(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
     argv += ["--requests", "10000000", "--out", str(tmp_path / "proxy.json")]
     # A session of its own: nothing sent to it can reach pytest's process group.
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    wait_for(lambda: len(servers_of(proc.pid)) == 2, "both servers to run", proc)
+    try:
+        wait_for(lambda: len(servers_of(proc.pid)) == 2, "both servers to run", proc)
+    except BaseException:
+        # Say why the bench stopped, and leave no pipe open for the garbage collector to report later.
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=DEADLINE_S)
+        print(err.decode(errors="replace")[-3000:], file=sys.stderr)
+        raise
     return proc, servers_of(proc.pid)
 
 
