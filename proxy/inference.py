@@ -26,11 +26,13 @@ from starlette.types import Receive, Scope, Send
 from proxy import body as bodies
 from proxy import limits, privacy
 from proxy.assemble import AnswerTooLarge, Assembler
+from proxy.auth import Principal
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
+from proxy.settings import TenantSettings
 from proxy.settle import SlotsSettled
 from proxy.streams import OPENAI, Meter, StreamFormat
 from proxy.upstream import UpstreamClosed, UpstreamResponse
@@ -104,14 +106,50 @@ class Inference:
         rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
         principal = rt.authorize(ctx, self.route, "inference")
-        admin = "admin" in principal.scopes
         tenant = rt.tenant(principal.tenant)
-        snap = rt.ready_snapshot()
-        if self.needs is not None and not getattr(snap, self.needs, False):
-            raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
+        router = rt.router
+        if router is None:
+            snap = rt.ready_snapshot()
+            if self.needs is not None and not getattr(snap, self.needs, False):
+                raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+        else:
+            # Several models: the body names the model, so it is read before readiness is known.
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+            lane = router.resolve(payload.get("model"), tenant)
+            rt = lane.runtime
+            lane.touch()
+            if self.needs is not None and not getattr(rt.snapshot(), self.needs, False):
+                raise NotFound(
+                    f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)"
+                )
+            rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
+            try:
+                await router.load(lane)
+                snap = rt.ready_snapshot()
+                await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+            finally:
+                rt.track_active(-1)
+                lane.touch()
+            return
+        await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+
+    async def _admitted(
+        self,
+        rt: ProxyRuntime,
+        ctx: RequestContext,
+        principal: Principal,
+        tenant: TenantSettings,
+        snap: UpstreamSnapshot,
+        raw: bytes,
+        payload: dict[str, Any],
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        admin = "admin" in principal.scopes
         settings = rt.settings
-        raw = await bodies.read_body(receive, ctx.content_length, settings.max_body_bytes)
-        payload = bodies.parse_object(raw)
         rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
         if rewrite:
             payload["model"] = snap.model_alias

@@ -1,6 +1,7 @@
 """The routes of issue 13 through a real uvicorn port in front of the fake child: /health, /props,
 counting, CORS, the Anthropic route's credentials and errors, refused routes, feature-gated routes, and
-metric labels. Streams of each format against the real child are in tests/integration/test_api_routes_e2e.py."""
+metric labels. Streams of each format against the real child are in
+tests/integration/test_api_routes_e2e.py."""
 
 from __future__ import annotations
 
