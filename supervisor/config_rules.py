@@ -35,7 +35,7 @@ def _models(cfg: Config) -> list[str]:
             out.append(f"{where}.extra_args[{j}]: {flag} is not allowed: {reason}")
     if cfg.models and cfg.proxy.model_aliases:
         out.append("proxy.model_aliases: with models:, give each model its own aliases (models[].aliases)")
-    names = {m.name for m in cfg.models} if cfg.models else {cfg.llama.model.alias}
+    names = {m.name for m in cfg.models if m.name} if cfg.models else {cfg.llama.model.alias}
     for i, tenant in enumerate(cfg.tenants):
         for j, name in enumerate(tenant.models):
             if name not in names:
