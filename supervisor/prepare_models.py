@@ -51,6 +51,22 @@ def joint_budget_lines(models: tuple[PreparedModel, ...]) -> list[str]:
     return lines
 
 
+def thread_warning(models: tuple[PreparedModel, ...], cores: int) -> str | None:
+    """Decode threads of the children resident at once (every always model and the largest on_demand
+    one) beyond the cores: they take turns on the same cores, so every model's time per token grows."""
+    always = [m for m in models if not m.served.on_demand]
+    largest = max((m for m in models if m.served.on_demand), key=lambda m: m.required_bytes, default=None)
+    resident = [*always, *([largest] if largest else [])]
+    threads = sum(m.prepared.spec.threads for m in resident)
+    if threads <= cores:
+        return None
+    each = ", ".join(f"{m.served.name} {m.prepared.spec.threads}" for m in resident)
+    return (
+        f"the resident children's decode threads add up to {threads} ({each}) on {cores} cores: they"
+        " compete, and every model's time per output token grows; lower models[].threads"
+    )
+
+
 def usable_bytes(models: tuple[PreparedModel, ...]) -> int:
     # Each model's budget measured the memory available a moment apart: the least is the honest one.
     return min(m.prepared.budget.usable_bytes for m in models)

@@ -126,11 +126,15 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_models(cfg: Config, path: Path | None, sock: socket.socket) -> int:
     """A ``models:`` config: every model verified and budgeted, alone and together, then one daemon."""
     from supervisor.multi_daemon import MultiDaemon
-    from supervisor.prepare_models import joint_budget_lines, prepare_models
+    from supervisor.prepare import default_threads
+    from supervisor.prepare_models import joint_budget_lines, prepare_models, thread_warning
 
     models = prepare_models(cfg, progress=ConsoleProgress())
     for line in joint_budget_lines(models):
         log.info(f"memory budget: {line}")
+    crowded = thread_warning(models, default_threads())
+    if crowded is not None:
+        log.warning(crowded)
     generated = generate_key(cfg)
     if generated is not None:
         sys.stdout.write(_banner(cfg, generated[0]))

@@ -105,6 +105,17 @@ def test_two_models_serve_through_one_key_at_the_same_time(daemon_factory: Daemo
         rest = list(chunks)
     assert len(vector) > 0 and rest
 
+    status = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--url", d.base_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0
+    assert "    chat           READY (always), 1 slots x 512 tokens" in status.stdout
+    assert "    embed          READY (always), 1 slots x 512 tokens" in status.stdout
+
     # A model nobody serves: 404 naming what is served.
     with client(d) as c, pytest.raises(Exception) as refused:
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -205,3 +205,34 @@ async def test_idle_unload_waits_for_idle_time_and_never_takes_a_busy_model() ->
     await s._unload_idle(110.0)
     assert idle.stops == ["idle for 10 s"] and not idle.running
     assert busy.running and busy.stops == [] and always.running
+
+
+def test_resident_decode_threads_beyond_the_cores_are_warned_about() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.prepare_models import PreparedModel, thread_warning
+
+    cfg = parse_config(
+        "models: [{name: a, threads: 2}, {name: b, threads: 1},"
+        " {name: c, threads: 4, residency: on_demand}, {name: d, threads: 8, residency: on_demand,"
+        " ctx_per_slot: 256}]\n",
+        env={},
+    )
+
+    def prepared(threads: int, required: int) -> Any:
+        return SimpleNamespace(
+            spec=SimpleNamespace(threads=threads), budget=SimpleNamespace(required_bytes=required)
+        )
+
+    a, b, c, d = served_models(cfg)
+    models = (
+        PreparedModel(a, prepared(2, 10)),
+        PreparedModel(b, prepared(1, 10)),
+        PreparedModel(c, prepared(4, 30)),  # the largest on_demand model: resident with the always ones
+        PreparedModel(d, prepared(8, 20)),
+    )
+    assert thread_warning(models, cores=7) is None
+    assert thread_warning(models, cores=6) == (
+        "the resident children's decode threads add up to 7 (a 2, b 1, c 4) on 6 cores: they compete,"
+        " and every model's time per output token grows; lower models[].threads"
+    )
