@@ -22,7 +22,7 @@ def llama_server_binary() -> Path:
     override = os.environ.get("LLAMAGATE_TEST_BINARY")
     if override:
         return Path(override)
-    from supervisor.build import ensure_binary
+    from supervisor.artifacts.build import ensure_binary
     from supervisor.progress import ConsoleProgress
 
     return ensure_binary(LOCK, progress=ConsoleProgress()).path
@@ -33,7 +33,7 @@ def demo_model() -> Path:
     override = os.environ.get("LLAMAGATE_TEST_MODEL")
     if override:
         return Path(override)
-    from supervisor.artifacts import ensure_demo_model
+    from supervisor.artifacts.demo_model import ensure_demo_model
     from supervisor.progress import ConsoleProgress
 
     return ensure_demo_model(progress=ConsoleProgress())

@@ -1,13 +1,13 @@
 """Targets the benchmark starts itself: a bare llama-server, or a whole llamagate daemon, from one config.
 
 Both come from the same llamagate config (YAML mapping), so a comparison differs only in what is being
-compared: ``start_llama_server`` verifies and budgets through ``supervisor.prepare`` and launches the
-binary with exactly the argv the daemon would give its child (``launch.build_argv``), on a free port,
+compared: ``start_llama_server`` verifies and budgets through ``supervisor.daemon.prepare`` and launches the
+binary with exactly the argv the daemon would give its child (``launch.flags.build_argv``), on a free port,
 with a random API key; ``start_llamagate`` runs ``llamagate serve --config`` as a subprocess with a
 fresh admin key. Each waits for readiness against a deadline while watching the process, and ``stop``
 always ends what it started (SIGTERM, grace, SIGKILL: an idle llama-server may ignore SIGTERM).
 
-Both are started tied (``child.popen_tied``: PR_SET_PDEATHSIG, from the main thread): if the bench
+Both are started tied (``child.spawn.popen_tied``: PR_SET_PDEATHSIG, from the main thread): if the bench
 process dies without running ``stop`` (SIGKILL, a crash), the kernel kills them with SIGKILL, and a
 private daemon's own child dies with it the same way. Each runs in a session of its own, so a Ctrl-C
 on the terminal reaches only the bench, which then stops them in order.
@@ -34,12 +34,12 @@ import yaml
 
 from proxy.auth import new_key
 from supervisor.bench.client import Target
-from supervisor.child import free_port, popen_tied
-from supervisor.config import parse_config
-from supervisor.config_schema import Config
+from supervisor.child.spawn import free_port, popen_tied
+from supervisor.config.load import parse_config
+from supervisor.config.schema import Config
+from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.errors import StartupError, UsageError
-from supervisor.launch import build_argv, build_env
-from supervisor.prepare import Prepared, prepare
+from supervisor.launch.flags import build_argv, build_env
 from supervisor.progress import NullProgress, Progress
 
 READY_TIMEOUT_S = 300.0

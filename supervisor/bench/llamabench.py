@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.child import popen_tied
+from supervisor.child.spawn import popen_tied
 from supervisor.errors import CheckFailed
 
 HOW_TO_BUILD = (

@@ -5,7 +5,7 @@ its replica lines (``server ... # replica``) and its ``listen`` port are replace
 ``round-robin`` then removes exactly two things, ``least_conn`` and the retry rule, so the two runs differ
 only in what is being compared. nginx runs in the foreground (``daemon off``) as a single process
 (``master_process off``: a master's workers would outlive a master killed by SIGKILL, they carry no
-parent-death signal), under a private prefix folder, tied to this process (``child.popen_tied``: it dies
+parent-death signal), under a private prefix folder, tied to this process (``child.spawn.popen_tied``: it dies
 with it, even by SIGKILL) and stopped with SIGQUIT (graceful), then SIGKILL.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from supervisor.child import popen_tied
+from supervisor.child.spawn import popen_tied
 from supervisor.errors import StartupError, UsageError
 
 Mode = Literal["balanced", "round-robin"]

@@ -19,7 +19,7 @@ import httpx
 
 from supervisor import __version__
 from supervisor.bench.client import Target
-from supervisor.identity import host_identity
+from supervisor.daemon.identity import host_identity
 
 PROVENANCE_SCHEMA = "llamagate.bench.provenance/1"
 SECRET_FLAGS = ("--api-key", "--direct-api-key", "--gate-api-key")

@@ -40,7 +40,7 @@ from supervisor.bench import provenance
 from supervisor.bench.client import Target
 from supervisor.bench.launcher import Launched, admin_identity, deep_merge, start_llamagate, validate
 from supervisor.bench.soak_ledger import Ending, Ledger, ResourceSample, SlotSample, evaluate, report
-from supervisor.child import free_port
+from supervisor.child.spawn import free_port
 from supervisor.progress import NullProgress, Progress
 
 SCHEMA = "llamagate.bench.soak/1"

@@ -7,9 +7,9 @@ import json
 import time
 from pathlib import Path
 
-from supervisor.build import InstalledBinary, ensure_binary
+from supervisor.artifacts.build import InstalledBinary, ensure_binary
+from supervisor.artifacts.lock import load_lock
 from supervisor.interrupts import sigterm_as_interrupt
-from supervisor.lock import load_lock
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from supervisor.config import CONFIG_ENV, load_config, resolve_config_path
+from supervisor.config.load import CONFIG_ENV, load_config, resolve_config_path
 from supervisor.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.offline:
         scope = "the file only (--offline)"
     else:
-        from supervisor.startcheck import check_host  # imports prepare: only when needed
+        from supervisor.daemon.startcheck import check_host  # imports prepare: only when needed
 
         host = check_host(cfg)
         if host.problems:

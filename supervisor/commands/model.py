@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from supervisor.artifacts import ensure_demo_model, verify_model
-from supervisor.demo_model import DEMO_MODEL_ALIAS, DEMO_MODEL_SHA256
+from supervisor.artifacts.demo_model import DEMO_MODEL_ALIAS, DEMO_MODEL_SHA256, ensure_demo_model
+from supervisor.artifacts.files import verify_model
 from supervisor.progress import ConsoleProgress
 
 

@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from supervisor.build import find_installed
+from supervisor.artifacts.build import find_installed
 from supervisor.commands.config import add_config_argument
-from supervisor.config import load_config, resolve_config_path
-from supervisor.deploy_hints import ServiceLimits
-from supervisor.launch import build_argv
+from supervisor.config.load import load_config, resolve_config_path
+from supervisor.daemon.deploy_hints import ServiceLimits
+from supervisor.daemon.prepare import Binary, budget_for, launch_spec, resolve_model
+from supervisor.launch.flags import build_argv
 from supervisor.paths import default_lock_path
-from supervisor.prepare import Binary, budget_for, launch_spec, resolve_model
 from supervisor.progress import ConsoleProgress
 
 

@@ -19,10 +19,11 @@ from proxy.auth import new_key
 from proxy.settings import KeyEntry
 from supervisor import logs
 from supervisor.commands.config import add_config_argument
-from supervisor.config import load_config, resolve_config_path
-from supervisor.config_schema import Config
-from supervisor.daemon import Daemon, bind_listener
-from supervisor.prepare import prepare
+from supervisor.config.load import load_config, resolve_config_path
+from supervisor.config.schema import Config
+from supervisor.daemon.listener import bind_listener
+from supervisor.daemon.prepare import prepare
+from supervisor.daemon.service import Daemon
 from supervisor.progress import ConsoleProgress
 from supervisor.served_models import is_multi
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from supervisor.commands.config import add_config_argument
-from supervisor.config import load_proxy_config, resolve_config_path
+from supervisor.config.load import load_proxy_config, resolve_config_path
 from supervisor.errors import UsageError
 
 URL_ENV = "LLAMAGATE_URL"

@@ -7,12 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from supervisor.artifacts import is_sha256
+from supervisor.artifacts.files import is_sha256
+from supervisor.artifacts.verify import VerifyReport, verify
 from supervisor.commands.build import add_lock_and_cache
 from supervisor.errors import UsageError
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress, NullProgress, Progress
-from supervisor.verify import VerifyReport, verify
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

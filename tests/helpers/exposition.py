@@ -17,9 +17,9 @@ from proxy.auth import new_key
 from proxy.llama_metrics import LlamaServerMetrics
 from proxy.readiness import UpstreamSnapshot
 from proxy.settings import ProxySettings, TenantSettings
-from supervisor.metrics_collector import SupervisorCollector
-from supervisor.process import GatePassed, Machine, Start
-from supervisor.restart import Policy
+from supervisor.child.machine import GatePassed, Machine, Start
+from supervisor.child.restart import Policy
+from supervisor.daemon.metrics_collector import SupervisorCollector
 
 CAPTURED = (Path(__file__).parent.parent / "unit" / "fixtures" / "llama_server_metrics.txt").read_text()
 SNAPSHOT = UpstreamSnapshot(

@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from proxy.auth import new_key
-from supervisor.artifacts import sha256_file
-from supervisor.child import free_port
+from supervisor.artifacts.files import sha256_file
+from supervisor.child.spawn import free_port
 
 READY_TIMEOUT_S = 180.0  # a cold page cache and a busy 2-core machine make the first load slow
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.lock import load_lock
-from supervisor.receipt import read_receipt
+from supervisor.artifacts.lock import load_lock
+from supervisor.artifacts.receipt import read_receipt
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from supervisor.budget import plan_budget
-from supervisor.config import parse_config
-from supervisor.config_schema import Config
-from supervisor.deploy_hints import ServiceLimits
-from supervisor.gguf_info import read_shape
+from supervisor.budget.gguf_info import read_shape
+from supervisor.budget.plan import plan_budget
+from supervisor.config.load import parse_config
+from supervisor.config.schema import Config
+from supervisor.daemon.deploy_hints import ServiceLimits
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "deploy" / "systemd" / "llamagate.service"
@@ -65,7 +65,7 @@ def test_kubernetes_resources_match_the_configmap(demo_model: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["--systemd", "--kubernetes"])
 def test_plan_prints_the_limits(tmp_path: Path, demo_model: Path, flag: str) -> None:
-    from supervisor.demo_model import DEMO_MODEL_SHA256
+    from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256
 
     config = {
         "llama": {"model": {"path": str(demo_model), "sha256": DEMO_MODEL_SHA256}, "threads": 2},

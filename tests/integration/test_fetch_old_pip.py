@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.fetch import FetchedSource, Pip, fetch_source, find_pip
-from supervisor.lock import load_lock
+from supervisor.artifacts.fetch import FetchedSource, Pip, fetch_source, find_pip
+from supervisor.artifacts.lock import load_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.network]
 
@@ -95,10 +95,10 @@ def test_the_fetched_source_unpacks_on_a_python_without_tarfile_filters(
         pytest.skip(f"no Python without tarfile filters here (looked at {', '.join(OLD_PYTHONS)})")
     got, _ = fetched
     dest = tmp_path / "src"
-    # supervisor.unpack needs only the standard library and supervisor.errors.
+    # supervisor.artifacts.unpack needs only the standard library and supervisor.errors.
     code = (
         "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
-        "from supervisor.unpack import safe_extract, has_filters; assert not has_filters();"
+        "from supervisor.artifacts.unpack import safe_extract, has_filters; assert not has_filters();"
         "safe_extract(Path(sys.argv[2]), Path(sys.argv[3]))"
     )
     run = subprocess.run(

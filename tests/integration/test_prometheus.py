@@ -25,7 +25,7 @@ import yaml
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.child import free_port
+from supervisor.child.spawn import free_port
 from tests.helpers.promtool import check_metrics
 from tests.helpers.system import require_tool
 from tests.integration.conftest import Daemon, DaemonFactory

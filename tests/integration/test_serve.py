@@ -19,13 +19,13 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from supervisor.child import RealOs, free_port
-from supervisor.driver import ChildSupervisor
-from supervisor.gate import HttpProbes
-from supervisor.launch import LaunchSpec
-from supervisor.osseam import ServedModel
-from supervisor.process import State
-from supervisor.restart import Policy
+from supervisor.child.driver import ChildSupervisor
+from supervisor.child.gate import HttpProbes
+from supervisor.child.machine import State
+from supervisor.child.osseam import ServedModel
+from supervisor.child.restart import Policy
+from supervisor.child.spawn import RealOs, free_port
+from supervisor.launch.flags import LaunchSpec
 from tests.integration.conftest import DaemonFactory, port_is_open, process_gone, wait_until
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_openai_sdk_through_the_daemon(daemon_factory: DaemonFactory) -> None:
     assert len(identity["binary"]["sha256"]) == 64
     assert identity["host"]["cpu_logical"] >= 1
     # The memory budget is an upper bound of what the child really uses (the runtime allowance is
-    # calibrated on this model; see supervisor/budget.py).
+    # calibrated on this model; see supervisor/budget/plan.py).
     pid = d.child_pid
     assert pid is not None
     rss = psutil.Process(pid).memory_info().rss

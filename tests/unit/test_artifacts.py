@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import artifacts
-from supervisor.artifacts import check_gguf, sha256_file, verify_model
+from supervisor.artifacts import files as artifacts
+from supervisor.artifacts.files import check_gguf, sha256_file, verify_model
 from supervisor.errors import CheckFailed, DigestMismatch, NotAGguf, UsageError
 
 

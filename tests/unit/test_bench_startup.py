@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 
 from supervisor.bench.commands.startup import _Daemon, _markdown, _summarize
-from supervisor.config import load_config
-from supervisor.identity import host_identity, served_identity
+from supervisor.config.load import load_config
+from supervisor.daemon.identity import host_identity, served_identity
 
 IDENTITY = served_identity(
     binary=Path("/b/llama-server"),

@@ -9,7 +9,8 @@ from typing import Any
 import gguf
 import pytest
 
-from supervisor.budget import (
+from supervisor.budget.gguf_info import ModelShape, read_shape
+from supervisor.budget.plan import (
     MIB,
     Budget,
     bytes_per_element,
@@ -18,7 +19,6 @@ from supervisor.budget import (
     plan_budget,
 )
 from supervisor.errors import NotAGguf
-from supervisor.gguf_info import ModelShape, read_shape
 
 
 def write_gguf(path: Path, arch: str = "llama", **kv: object) -> Path:

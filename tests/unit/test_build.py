@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import build as build_mod
-from supervisor.build import ensure_binary, find_installed, install_dir
+from supervisor.artifacts import build as build_mod
+from supervisor.artifacts.build import ensure_binary, find_installed, install_dir
+from supervisor.artifacts.lock import load_lock
+from supervisor.artifacts.receipt import read_receipt
 from supervisor.errors import BuildError, DigestMismatch, FetchError, ToolMissing
-from supervisor.lock import load_lock
 from supervisor.progress import NullProgress
-from supervisor.receipt import read_receipt
 from tests.fakes.toolchain import VERSION_LINE, FakeProject, fake_project, write_lock
 
 

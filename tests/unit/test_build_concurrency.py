@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import json, sys
 from pathlib import Path
-from supervisor.build import ensure_binary
+from supervisor.artifacts.build import ensure_binary
 from supervisor.progress import ConsoleProgress
 got = ensure_binary(Path(sys.argv[1]), cache=Path(sys.argv[2]), progress=ConsoleProgress(tty=False))
 print(json.dumps({"path": str(got.path), "cache_hit": got.cache_hit, "sha": got.receipt.binary_sha256}))

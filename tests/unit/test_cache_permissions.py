@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.artifacts import HASH_CACHE_NAME, sha256_file
-from supervisor.build import ensure_binary
+from supervisor.artifacts.build import ensure_binary
+from supervisor.artifacts.files import HASH_CACHE_NAME, sha256_file
 from supervisor.paths import new_file_mode, umask
 from supervisor.progress import NullProgress
 from tests.fakes.toolchain import FakeProject, fake_project

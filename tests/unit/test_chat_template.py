@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.chat_template import BUILTIN_CHAT_TEMPLATES
-from supervisor.config import load_config, parse_config
-from supervisor.config_schema import Config
-from supervisor.demo_model import DEMO_MODEL_SHA256
+from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256
+from supervisor.artifacts.lock import load_lock
+from supervisor.config.load import load_config, parse_config
+from supervisor.config.schema import Config
+from supervisor.daemon.prepare import chat_template_for
 from supervisor.errors import ConfigError
-from supervisor.launch import LaunchSpec, build_argv
-from supervisor.lock import load_lock
+from supervisor.launch.chat_template import BUILTIN_CHAT_TEMPLATES
+from supervisor.launch.flags import LaunchSpec, build_argv
 from supervisor.paths import cache_root
-from supervisor.prepare import chat_template_for
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = LaunchSpec(

@@ -1,4 +1,4 @@
-"""A child started through ``child.spawn_tied`` dies with the process that started it, even by SIGKILL,
+"""A child started through ``child.spawn.spawn_tied`` dies with the process that started it, even by SIGKILL,
 also when the event loop that spawned it does not run on the main thread (PR_SET_PDEATHSIG follows the
 forking thread; asyncio forks on the loop's thread)."""
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import asyncio, threading
 from pathlib import Path
-from supervisor.child import spawn_tied
+from supervisor.child.spawn import spawn_tied
 
 async def main():
     proc = await spawn_tied(["/bin/sleep", "300"], {"PATH": "/bin"}, Path("/"))
@@ -70,7 +70,7 @@ def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
 
 POPEN_SCRIPT = """
 import threading
-from supervisor.child import popen_tied
+from supervisor.child.spawn import popen_tied
 
 proc = popen_tied(["/bin/sleep", "300"])
 print(proc.pid, flush=True)
@@ -107,7 +107,7 @@ def test_a_popen_tied_child_dies_with_a_sigkilled_parent() -> None:
 def test_popen_tied_refuses_a_thread_that_may_end_before_the_process() -> None:
     import threading
 
-    from supervisor.child import popen_tied
+    from supervisor.child.spawn import popen_tied
 
     errors: list[BaseException] = []
 

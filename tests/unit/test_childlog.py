@@ -1,6 +1,6 @@
 """llama-server's log lines that quote a request never reach our log, nor the tail logged on failure.
 
-The lines are the pinned build's own output, captured from a real child (see supervisor/childlog.py)."""
+The lines are the pinned build's own output, captured from a real child (see supervisor/child/log.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.childlog import WITHHELD, LineFilter, is_error
+from supervisor.child.log import WITHHELD, LineFilter, is_error
 from tests.unit.test_process_driver import FakeOs, FakeProbes, make, settle, start
 
 GOT_EXCEPTION = (

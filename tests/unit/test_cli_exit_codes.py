@@ -23,8 +23,8 @@ import gguf
 import pytest
 import yaml
 
-from supervisor.artifacts import sha256_fresh
-from supervisor.child import free_port
+from supervisor.artifacts.files import sha256_fresh
+from supervisor.child.spawn import free_port
 from supervisor.cli import main
 from tests.unit.test_daemon import make_daemon
 

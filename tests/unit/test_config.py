@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import main
-from supervisor.config import load_config, parse_config, resolve_config_path
-from supervisor.config_schema import Config
+from supervisor.config.load import load_config, parse_config, resolve_config_path
+from supervisor.config.proxy_settings import proxy_settings
+from supervisor.config.schema import Config
 from supervisor.errors import ConfigError
-from supervisor.settings_map import proxy_settings
 
 SHA = "a" * 64
 DIGEST = "sha256:" + "b" * 64
@@ -261,7 +261,7 @@ def test_every_key_is_in_the_reference() -> None:
 def test_config_round_trips_through_yaml() -> None:
     import yaml
 
-    from supervisor.config import config_to_dict
+    from supervisor.config.load import config_to_dict
 
     cfg = parse_config(
         f"llama:\n  model: {{path: /m.gguf, sha256: '{SHA}'}}\n  extra_args: [--temp, '1']\n"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from proxy.settings import CorsSettings
-from supervisor.config import parse_config
+from supervisor.config.load import parse_config
+from supervisor.config.proxy_settings import proxy_settings
 from supervisor.errors import ConfigError
-from supervisor.launch import LaunchSpec, build_argv, owned_flags
-from supervisor.settings_map import proxy_settings
+from supervisor.launch.flags import LaunchSpec, build_argv, owned_flags
 
 
 def test_cors_and_counting_reach_the_proxy_settings() -> None:

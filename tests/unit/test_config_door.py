@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.settings import DoorSettings
-from supervisor.config import parse_config
+from supervisor.config.load import parse_config
+from supervisor.config.proxy_settings import proxy_settings
 from supervisor.errors import ConfigError
-from supervisor.settings_map import proxy_settings
 
 
 def test_defaults_trust_no_forwarder_and_map_onto_the_proxy() -> None:

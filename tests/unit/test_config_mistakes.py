@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from supervisor.cli import main
-from supervisor.config import load_config, parse_config
-from supervisor.config_schema import Config
+from supervisor.config.load import load_config, parse_config
+from supervisor.config.proxy_settings import proxy_settings
+from supervisor.config.schema import Config
 from supervisor.errors import ConfigError
-from supervisor.settings_map import proxy_settings
 
 SHAPES: tuple[Any, ...] = (
     None,

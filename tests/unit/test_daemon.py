@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.budget import MIB, plan_budget
-from supervisor.config_schema import Config, ListenerConfig
-from supervisor.daemon import Daemon, bind_listener
+from supervisor.budget.gguf_info import ModelShape
+from supervisor.budget.plan import MIB, plan_budget
+from supervisor.config.schema import Config, ListenerConfig
+from supervisor.daemon.listener import bind_listener
+from supervisor.daemon.prepare import Binary, Model, Prepared
+from supervisor.daemon.service import Daemon
 from supervisor.errors import StartupError
-from supervisor.gguf_info import ModelShape
-from supervisor.launch import LaunchSpec
-from supervisor.prepare import Binary, Model, Prepared
+from supervisor.launch.flags import LaunchSpec
 from tests.unit.test_process_driver import FakeOs, FakeProbes
 
 SHAPE = ModelShape("llama", 4, 8, (2,) * 4, 64, 64, 2048, None, None)
@@ -100,7 +101,7 @@ def test_the_private_folder_is_removed_when_construction_fails(
 ) -> None:
     import tempfile
 
-    import supervisor.daemon as daemon_mod
+    import supervisor.daemon.service as daemon_mod
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
@@ -120,7 +121,7 @@ async def test_sigterm_is_not_held_up_by_a_slow_reload(
     # to hash). A SIGTERM arriving meanwhile must stop the daemon now, not after the reload.
     import threading
 
-    import supervisor.daemon as daemon_mod
+    import supervisor.daemon.service as daemon_mod
 
     release = threading.Event()
     started = threading.Event()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser
-from supervisor.config import load_config
+from supervisor.config.load import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINER = REPO / "deploy" / "container"

@@ -6,8 +6,8 @@ import configparser
 
 import yaml
 
-from supervisor.budget import MIB, Budget
-from supervisor.deploy_hints import DAEMON_BYTES, ServiceLimits
+from supervisor.budget.plan import MIB, Budget
+from supervisor.daemon.deploy_hints import DAEMON_BYTES, ServiceLimits
 
 
 def budget(weights_mib: int, kv_mib: int, runtime_mib: int) -> Budget:

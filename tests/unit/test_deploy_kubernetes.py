@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app import create_app
 from proxy.readiness import UpstreamSnapshot
 from proxy.settings import ProxySettings
-from supervisor.config import parse_config
-from supervisor.config_schema import Config
+from supervisor.config.load import parse_config
+from supervisor.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"

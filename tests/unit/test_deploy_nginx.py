@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.bench.commands.scaleout import verdict
 from supervisor.bench.nginx import SHIPPED_CONF, main_conf, nginx_binary, render_site
-from supervisor.config_schema import TimeoutsConfig
+from supervisor.config.schema import TimeoutsConfig
 from supervisor.errors import UsageError
 
 SHIPPED = SHIPPED_CONF.read_text(encoding="utf-8")

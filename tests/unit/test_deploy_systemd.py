@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import build_parser
-from supervisor.config_schema import Config
+from supervisor.config.schema import Config
 from supervisor.errors import ConfigError
 from tests.helpers.system import require_tool
 

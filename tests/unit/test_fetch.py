@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from supervisor import fetch
+from supervisor.artifacts import fetch
+from supervisor.artifacts.fetch import Pip, fetch_source, find_pip, pip_download
+from supervisor.artifacts.lock import load_lock
 from supervisor.errors import FetchError, ToolMissing
-from supervisor.fetch import Pip, fetch_source, find_pip, pip_download
-from supervisor.lock import load_lock
 from supervisor.progress import NullProgress
 from supervisor.subproc import RunResult
 from tests.fakes.toolchain import COMMIT, VERSION_LINE, make_source_tarball, write_lock

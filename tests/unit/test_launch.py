@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.launch import (
+from supervisor.launch.flags import (
     FLAGS,
     LaunchSpec,
     build_argv,
@@ -98,7 +98,7 @@ def test_the_prompt_cache_and_checkpoints_are_set_not_left_to_llama_server() -> 
 
 
 def test_memory_flags_in_extra_args_are_read_for_the_budget() -> None:
-    from supervisor.launch import budget_flags
+    from supervisor.launch.flags import budget_flags
 
     assert budget_flags(()) == (False, 512)
     assert budget_flags(("--swa-full", "-ub", "1024")) == (True, 1024)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.artifacts.lock import load_lock, parse_lock
 from supervisor.errors import LockError
-from supervisor.lock import load_lock, parse_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"

@@ -7,10 +7,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import budget as budget_mod
-from supervisor import memlimit
-from supervisor.budget import MIB, plan_budget
-from supervisor.gguf_info import ModelShape
+from supervisor.budget import memlimit
+from supervisor.budget import plan as budget_mod
+from supervisor.budget.gguf_info import ModelShape
+from supervisor.budget.plan import MIB, plan_budget
 
 GIB = 1024 * MIB
 

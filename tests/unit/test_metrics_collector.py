@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.budget import Budget
-from supervisor.identity import served_identity
-from supervisor.metrics_collector import SupervisorCollector
-from supervisor.process import Exited, GatePassed, Machine, Start, State, Tick
-from supervisor.restart import Policy
+from supervisor.budget.plan import Budget
+from supervisor.child.machine import Exited, GatePassed, Machine, Start, State, Tick
+from supervisor.child.restart import Policy
+from supervisor.daemon.identity import served_identity
+from supervisor.daemon.metrics_collector import SupervisorCollector
 from tests.helpers.promtool import check_metrics
 
 MIB = 1024 * 1024
@@ -35,7 +35,7 @@ BUDGET = Budget(
 IDENTITY = served_identity(
     binary=Path("/cache/llama-server"),
     binary_sha256="dd45c2f620ef121461b9a93db51381902389253ddd24888229a521c51ee4e9aa",
-    build={  # as supervisor.prepare builds them from the receipt
+    build={  # as supervisor.daemon.prepare builds them from the receipt
         "commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
         "version": "version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with cc 12.2.0",
     },
@@ -229,7 +229,7 @@ def test_served_info_carries_the_identity() -> None:
     ],
 )
 def test_build_label_fallbacks(build: dict[str, object] | None, expected: str) -> None:
-    from supervisor.metrics_collector import ServedLabels
+    from supervisor.daemon.metrics_collector import ServedLabels
 
     identity = served_identity(
         binary=Path("/b"),

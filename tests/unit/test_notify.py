@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.notify import (
+from supervisor.daemon.notify import (
     Notifier,
     SystemdReporter,
     WatchdogFeeder,

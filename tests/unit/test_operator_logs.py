@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.childlog import first_error, is_noise
-from supervisor.config import parse_config
-from supervisor.config_diff import diff
-from supervisor.daemon import Daemon
+from supervisor.child.log import first_error, is_noise
+from supervisor.child.machine import State
+from supervisor.config.diff import diff
+from supervisor.config.load import parse_config
+from supervisor.daemon.service import Daemon
 from supervisor.logs import JsonFormatter, TextFormatter
-from supervisor.process import State
 from tests.unit.test_daemon import prepared
 from tests.unit.test_process_driver import SPEC, FakeOs, FakeProbes, make, settle, start
 
@@ -100,7 +100,7 @@ async def test_a_child_that_exits_during_load_is_failed_in_its_own_words(tmp_pat
     os_, probes = FakeOs(), FakeProbes()
     probes.health_status = 503  # loading: the gate waits
     sup = make(os_, probes, tmp_path)
-    from supervisor.process import Start
+    from supervisor.child.machine import Start
 
     await sup.dispatch(Start())
     child = os_.children[0]

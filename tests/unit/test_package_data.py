@@ -1,4 +1,5 @@
-"""A non-editable install (`pip install .`) carries the page's static files: built as pip builds it."""
+"""A non-editable install (`pip install .`) carries every subpackage and the page's static files: built as
+pip builds it."""
 
 from __future__ import annotations
 
@@ -46,3 +47,14 @@ def test_wheel_contains_every_static_file(tmp_path: Path) -> None:
     missing = [n for n in static if f"proxy/static/{n}" not in names]
     assert missing == [], f"not in the wheel: {missing}"
     assert "proxy/ui.py" in names
+    # Every module of every subpackage (supervisor/ is folders by role): a folder setuptools did not find
+    # would install a `llamagate` that fails on its first import.
+    modules = sorted(
+        p.relative_to(REPO).as_posix()
+        for package in ("proxy", "supervisor")
+        for p in (REPO / package).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    assert "supervisor/child/machine.py" in modules
+    assert [m for m in modules if m not in names] == []
+    assert "supervisor/data/llama-build.lock" in names

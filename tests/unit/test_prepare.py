@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import supervisor.prepare as prepare_mod
-from supervisor.config_schema import Config
-from supervisor.demo_model import DEMO_MODEL_SHA256, demo_model_path
+import supervisor.daemon.prepare as prepare_mod
+from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256, demo_model_path
+from supervisor.config.schema import Config
 from supervisor.errors import DigestMismatch, Misconfigured, StartupError
 from supervisor.progress import NullProgress
 from tests.unit.test_budget import write_gguf

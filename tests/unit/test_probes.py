@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.probes import ProbeError, ServedModel, get_health, get_models, one_token_completion
-from supervisor.smoke import describe_exit, stop_child
+from supervisor.artifacts.smoke import describe_exit, stop_child
+from supervisor.child.probes import ProbeError, ServedModel, get_health, get_models, one_token_completion
 
 BASE = "http://127.0.0.1:9"
 SECRET = "s3cret"

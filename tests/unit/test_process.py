@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.process import (
+from supervisor.child.machine import (
     Action,
     Exited,
     GateFailed,
@@ -21,7 +21,7 @@ from supervisor.process import (
     Stop,
     Tick,
 )
-from supervisor.restart import Policy
+from supervisor.child.restart import Policy
 
 S = State
 A = Action

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.driver import ChildSupervisor
-from supervisor.launch import LaunchSpec
-from supervisor.osseam import ProbeUnreachable, ServedModel
-from supervisor.process import State, Stop, Tick
-from supervisor.restart import Policy
+from supervisor.child.driver import ChildSupervisor
+from supervisor.child.machine import State, Stop, Tick
+from supervisor.child.osseam import ProbeUnreachable, ServedModel
+from supervisor.child.restart import Policy
+from supervisor.launch.flags import LaunchSpec
 
 
 class FakeChild:
@@ -138,7 +138,7 @@ async def settle(sup: ChildSupervisor) -> None:
 
 
 async def start(sup: ChildSupervisor) -> None:
-    from supervisor.process import Start
+    from supervisor.child.machine import Start
 
     await sup.dispatch(Start())
     await settle(sup)

@@ -13,12 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.child import RealOs
-from supervisor.driver import ChildSupervisor
-from supervisor.gate import HttpProbes
-from supervisor.launch import LaunchSpec
-from supervisor.process import State
-from supervisor.restart import Policy
+from supervisor.child.driver import ChildSupervisor
+from supervisor.child.gate import HttpProbes
+from supervisor.child.machine import State
+from supervisor.child.restart import Policy
+from supervisor.child.spawn import RealOs
+from supervisor.launch.flags import LaunchSpec
 from tests.fakes.fake_child import make_fake_binary
 
 DEADLINE_S = 20.0

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-import supervisor.daemon as daemon_mod
-from supervisor.config import load_config
-from supervisor.config_schema import Config
-from supervisor.daemon import Daemon
+import supervisor.daemon.service as daemon_mod
+from supervisor.child.machine import State
+from supervisor.child.osseam import ServedModel
+from supervisor.child.preflight import error_line, refused_arguments
+from supervisor.config.load import load_config
+from supervisor.config.schema import Config
+from supervisor.daemon.prepare import Prepared
+from supervisor.daemon.service import Daemon
 from supervisor.errors import StartupError
-from supervisor.osseam import ServedModel
-from supervisor.preflight import error_line, refused_arguments
-from supervisor.prepare import Prepared
-from supervisor.process import State
 from tests.unit.test_daemon import prepared
 from tests.unit.test_process_driver import FakeChild, FakeOs, FakeProbes
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.config_schema import SupervisionConfig
-from supervisor.restart import FailureWindow, Policy, jittered_backoff
+from supervisor.child.restart import FailureWindow, Policy, jittered_backoff
+from supervisor.config.schema import SupervisionConfig
 
 
 def test_backoff_is_bounded_and_grows() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.smoke import smoke_decode
+from supervisor.artifacts.smoke import smoke_decode
 from tests.fakes.fake_child import make_fake_binary
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import unpack
+from supervisor.artifacts import unpack
+from supervisor.artifacts.unpack import UnsafeArchive, safe_extract
 from supervisor.errors import CheckFailed
-from supervisor.unpack import UnsafeArchive, safe_extract
 
 
 def _tar(path: Path, members: list[tarfile.TarInfo]) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.build import ensure_binary
+from supervisor.artifacts.build import ensure_binary
 from supervisor.cli import main
 from supervisor.progress import NullProgress
 from tests.fakes.toolchain import FakeProject, fake_project

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.workdir import make_private_dir, sweep_stale
+from supervisor.child.workdir import make_private_dir, sweep_stale
 
 
 def dead_pid() -> int:

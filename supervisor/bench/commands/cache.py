@@ -26,7 +26,7 @@ import httpx
 
 from proxy.auth import new_key
 from supervisor.bench.launcher import deep_merge, read_base_config, start_llamagate
-from supervisor.child import free_port
+from supervisor.child.spawn import free_port
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress

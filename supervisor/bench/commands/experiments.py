@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.artifacts import sha256_file
+from supervisor.artifacts.files import sha256_file
 from supervisor.bench import experiment_report, experiments, llamabench, options
 from supervisor.bench import quality as quality_mod
 from supervisor.bench.commands.run import write_provenance

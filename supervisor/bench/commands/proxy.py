@@ -36,9 +36,9 @@ import httpx
 
 from proxy.auth import new_key
 from supervisor.bench import proxycost as pc
-from supervisor.child import free_port, popen_tied
+from supervisor.child.spawn import free_port, popen_tied
+from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
-from supervisor.identity import host_identity
 from supervisor.interrupts import interruptible
 
 TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
@@ -190,12 +190,12 @@ def _binary_and_model(args: argparse.Namespace) -> tuple[Path, Path]:
 
     binary, model = args.binary, args.model
     if binary is None:
-        from supervisor.build import ensure_binary
+        from supervisor.artifacts.build import ensure_binary
         from supervisor.paths import default_lock_path
 
         binary = ensure_binary(default_lock_path(), progress=ConsoleProgress()).path
     if model is None:
-        from supervisor.artifacts import ensure_demo_model
+        from supervisor.artifacts.demo_model import ensure_demo_model
 
         model = ensure_demo_model(progress=ConsoleProgress())
     return binary, model
@@ -243,8 +243,8 @@ async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[An
     single = await pc.streams(proxy_url, proxy_req, 1)
     over_direct = await pc.streams(llama_url, direct_req, 8)
     over_proxy = await pc.streams(proxy_url, proxy_req, 8)
-    from supervisor.artifacts import sha256_file
-    from supervisor.build import version_output
+    from supervisor.artifacts.build import version_output
+    from supervisor.artifacts.files import sha256_file
 
     return {
         "binary": str(binary),

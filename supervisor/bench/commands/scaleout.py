@@ -38,7 +38,7 @@ from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.nginx import MODES, SHIPPED_CONF, Mode, start_nginx
 from supervisor.bench.provenance import collect
 from supervisor.bench.runner import RunSpec, run
-from supervisor.child import free_port
+from supervisor.child.spawn import free_port
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress

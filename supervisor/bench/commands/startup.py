@@ -38,14 +38,14 @@ import httpx
 import yaml
 
 from proxy.auth import new_key
-from supervisor.child import RealOs, free_port, popen_tied
+from supervisor.child.gate import HttpProbes, wait_health_200
+from supervisor.child.spawn import RealOs, free_port, popen_tied
 from supervisor.commands.config import add_config_argument
-from supervisor.config import config_to_dict, load_config, resolve_config_path
-from supervisor.config_schema import Config
-from supervisor.gate import HttpProbes, wait_health_200
+from supervisor.config.load import config_to_dict, load_config, resolve_config_path
+from supervisor.config.schema import Config
+from supervisor.daemon.prepare import prepare
 from supervisor.interrupts import interruptible
-from supervisor.launch import build_argv, build_env, new_secret
-from supervisor.prepare import prepare
+from supervisor.launch.flags import build_argv, build_env, new_secret
 from supervisor.progress import ConsoleProgress
 
 TIMEOUT_S = 300.0

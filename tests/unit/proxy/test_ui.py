@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from proxy.ui import CONTENT_SECURITY_POLICY, STATIC_DIR, static_files
-from supervisor.config import load_config
-from supervisor.settings_map import proxy_settings
+from supervisor.config.load import load_config
+from supervisor.config.proxy_settings import proxy_settings
 from tests.fakes.fake_upstream import eventually
 from tests.unit.proxy.conftest import ProxyFactory
 

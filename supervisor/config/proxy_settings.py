@@ -1,0 +1,78 @@
+"""Config -> the proxy's ``ProxySettings``. The proxy validates nothing; this mapping is the handover."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from proxy.settings import (
+    CorsSettings,
+    DoorSettings,
+    KeyEntry,
+    Listener,
+    ProxySettings,
+    TenantSettings,
+    Timeouts,
+)
+from supervisor.config.schema import Config
+
+
+def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySettings:
+    p = cfg.proxy
+    keys = tuple(
+        KeyEntry(key_id=k.id, digest=k.digest, tenant=k.tenant, scopes=frozenset(k.scopes)) for k in cfg.keys
+    )
+    return ProxySettings(
+        listen=Listener(host=p.host, port=p.port),
+        tenants=tuple(
+            TenantSettings(
+                name=t.name,
+                max_concurrency=t.max_concurrency,
+                max_queue=t.max_queue,
+                queue_timeout_s=t.queue_timeout_s,
+                weight=t.weight,
+                max_tokens=t.max_tokens,
+                check_prompt_size=t.check_prompt_size,
+                max_n=t.max_n,
+                max_prompts=t.max_prompts,
+                max_logprobs=t.max_logprobs,
+                show_cache_details=t.show_cache_details,
+                cache_prompt=t.cache_prompt,
+                models=t.models,
+            )
+            for t in cfg.tenants
+        ),
+        keys=keys + tuple(extra_keys),
+        anonymous_tenant=p.anonymous_tenant,
+        model_aliases=p.model_aliases,
+        max_body_bytes=p.max_body_bytes,
+        timeouts=Timeouts(
+            connect_s=p.timeouts.connect_s,
+            first_token_s=p.timeouts.first_token_s,
+            total_s=p.timeouts.total_s,
+        ),
+        metrics_listener=(
+            Listener(host=p.metrics_listener.host, port=p.metrics_listener.port)
+            if p.metrics_listener
+            else None
+        ),
+        drain_timeout_s=p.drain_timeout_s,
+        access_log=cfg.logging.access_log,
+        door=DoorSettings(
+            max_request_line_bytes=p.max_request_line_bytes,
+            max_head_bytes=p.max_head_bytes,
+            max_headers=p.max_headers,
+            head_timeout_s=p.head_timeout_s,
+            keep_alive_timeout_s=p.keep_alive_timeout_s,
+            max_connections=p.max_connections,
+            forwarded_allow_ips=p.forwarded_allow_ips,
+        ),
+        cors=CorsSettings(
+            allowed_origins=p.cors.allowed_origins,
+            allowed_headers=p.cors.allowed_headers,
+            allowed_methods=p.cors.allowed_methods,
+            max_age_s=p.cors.max_age_s,
+        ),
+        count_rate_per_s=p.counting.rate_per_s,
+        count_burst=p.counting.burst,
+        ui=p.ui,
+    )

@@ -1,0 +1,324 @@
+"""The configuration's shape: frozen dataclasses, one per YAML section, with defaults in one place.
+
+Every field carries its documentation and its range check in ``metadata`` (see ``setting``), so the
+loader (``load.py``) validates generically and ``docs/configuration.md`` is checked against the
+same source. The defaults are the embedded default: a daemon started with no config file at all.
+Keep ``/work/coord/CONFIG_SCHEMA.md`` and ``docs/configuration.md`` in sync with this file (a unit
+test fails when a key is missing from the reference).
+"""
+
+# ruff: noqa: RUF009 - setting()/section() return dataclasses.field(...), which ruff cannot see through
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NewType
+
+from supervisor.launch.chat_template import check_chat_template
+
+Check = Callable[[Any], str | None]
+# A built-in name kept as given, or a file path (relative to the config file, like every path).
+NameOrPath = NewType("NameOrPath", str)
+
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+Scope = Literal["inference", "admin"]
+Residency = Literal["always", "on_demand"]
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def setting(default: Any, doc: str, check: Check | None = None) -> Any:
+    """A dataclass field with its reference text and an optional check returning a problem or None."""
+    meta = {"doc": doc, "check": check}
+    if isinstance(default, list | dict):
+        raise TypeError("use a tuple default")  # frozen configs hold no mutable defaults
+    return field(default=default, metadata=meta)
+
+
+def section(factory: Callable[[], Any], doc: str) -> Any:
+    return field(default_factory=factory, metadata={"doc": doc, "check": None})
+
+
+def at_least(low: float) -> Check:
+    return lambda v: None if v is None or v >= low else f"must be >= {low:g}"
+
+
+def positive(v: Any) -> str | None:
+    return None if v is None or v > 0 else "must be > 0"
+
+
+def port_number(v: Any) -> str | None:
+    return None if 1 <= v <= 65535 else "must be a port number (1-65535)"
+
+
+def multiple_of_256(v: Any) -> str | None:
+    # llama-server pads each slot's context to a multiple of 256; any other value would make the
+    # served n_ctx differ from the configured one and fail the readiness gate.
+    return None if v >= 256 and v % 256 == 0 else "must be a multiple of 256 (>= 256)"
+
+
+def matches(pattern: str, what: str) -> Check:
+    rx = re.compile(pattern)
+    return lambda v: None if v is None or rx.fullmatch(v) else f"must be {what}"
+
+
+def ip_or_network(v: Any) -> str | None:
+    for item in v:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (CIDR)"
+    return None
+
+
+SHA256 = matches(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
+NAME = matches(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a name of letters, digits, '.', '_' or '-' (max 64)")
+
+
+@dataclass(frozen=True)
+class TimeoutsConfig:
+    connect_s: float = setting(5.0, "connect to llama-server", positive)
+    first_token_s: float = setting(
+        120.0,
+        "from admission to the first generated token of a stream (admin passthrough routes: to the answer)",
+        positive,
+    )
+    total_s: float = setting(900.0, "whole request, streaming included", positive)
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(9464, "TCP port", port_number)
+
+
+def origins(v: Any) -> str | None:
+    # An origin as a browser sends it: scheme://host[:port], no path; or "*" for any origin.
+    rx = re.compile(r"\*|https?://[A-Za-z0-9.\-\[\]:]+")
+    bad = [o for o in v if not rx.fullmatch(o)]
+    if not bad:
+        return None
+    return f"must be '*' or origins like 'https://app.example:8443' (no path), not {bad[0]!r}"
+
+
+@dataclass(frozen=True)
+class CorsConfig:
+    allowed_origins: tuple[str, ...] = setting(
+        (), "origins browsers may call from ('*' = any); empty = CORS off", origins
+    )
+    allowed_headers: tuple[str, ...] = setting(
+        ("authorization", "content-type", "x-api-key", "anthropic-version", "x-request-id"),
+        "request headers a preflight allows ('*' = whatever the preflight asks for)",
+    )
+    allowed_methods: tuple[str, ...] = setting(("GET", "POST"), "methods a preflight allows")
+    max_age_s: int = setting(600, "how long a browser may cache a preflight answer", at_least(0))
+
+
+@dataclass(frozen=True)
+class CountingConfig:
+    rate_per_s: float = setting(
+        20.0, "counting/templating requests per second per tenant (they take no slot)", positive
+    )
+    burst: int = setting(40, "counting/templating requests a tenant may send at once", at_least(1))
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    host: str = setting("127.0.0.1", "address the proxy listens on (the only public door)")
+    port: int = setting(8080, "TCP port of the proxy", port_number)
+    max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted", at_least(1024))
+    model_aliases: tuple[str, ...] = setting((), "other names accepted in a request's model field")
+    anonymous_tenant: str | None = setting(
+        None,
+        "tenant for credential-less requests from loopback clients only (a bearer token not starting"
+        " with lg_, an SDK placeholder, counts as none); null = off",
+    )
+    drain_timeout_s: float = setting(30.0, "on stop, how long in-flight requests may finish", at_least(0))
+    timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
+    metrics_listener: ListenerConfig | None = setting(
+        None, "separate unauthenticated /metrics listener (loopback only); null = off"
+    )
+    forwarded_allow_ips: tuple[str, ...] = setting(
+        (), "peers (addresses or CIDRs) whose X-Forwarded-For is believed; [] = nobody", ip_or_network
+    )
+    max_request_line_bytes: int = setting(8190, "longest request line; longer: 414", at_least(256))
+    max_head_bytes: int = setting(
+        32768, "largest request head (request line + headers); larger: 431", at_least(1024)
+    )
+    max_headers: int = setting(100, "most header lines in a request; more: 431", at_least(8))
+    head_timeout_s: float = setting(
+        10.0, "from a request head's first byte to its end; then 408 and close", positive
+    )
+    keep_alive_timeout_s: float = setting(
+        5.0, "an idle connection (new or between requests) is closed after this", positive
+    )
+    max_connections: int = setting(
+        1000, "open client connections; one more gets 503 and is closed", at_least(1)
+    )
+    cors: CorsConfig = section(CorsConfig, "browser access (CORS), off by default")
+    counting: CountingConfig = section(CountingConfig, "rate bound of the routes that count tokens")
+    ui: bool = setting(True, "serve the status page and playground at /ui/ (data needs a key); false = 404")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
+    sha256: str | None = setting(None, "expected sha256 of the file; required when path is set", SHA256)
+    alias: str = setting("gemma-3-270m", "model id served to clients (llama-server --alias)", NAME)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    lock: Path | None = setting(
+        None, "llama-build.lock to build from; null = the checkout's or packaged lock"
+    )
+    binary: Path | None = setting(None, "explicit llama-server binary; null = the one built from the lock")
+    binary_sha256: str | None = setting(None, "expected sha256 of binary (only with binary)", SHA256)
+    model: ModelConfig = section(ModelConfig, "the served model")
+    threads: int | None = setting(None, "decode threads (-t); null = physical cores", at_least(1))
+    threads_batch: int | None = setting(None, "prompt threads (-tb); null = same as threads", at_least(1))
+    slots: int = setting(2, "parallel sequences (-np)", at_least(1))
+    ctx_per_slot: int = setting(
+        4096, "context tokens per slot, a multiple of 256; -c is this times slots", multiple_of_256
+    )
+    gpu_layers: int = setting(0, "layers offloaded to a GPU (-ngl); 0 for CPU serving", at_least(0))
+    embeddings: bool = setting(False, "serve /v1/embeddings (--embeddings)")
+    reranking: bool = setting(False, "serve /v1/rerank (--rerank; needs a reranker model)")
+    cache_type_k: CacheType = setting("f16", "KV cache type for K (-ctk)")
+    cache_type_v: CacheType = setting("f16", "KV cache type for V (-ctv)")
+    prompt_cache_mib: int = setting(
+        256,
+        "RAM for llama-server's cache of earlier prompts' states, reused by later requests (--cache-ram);"
+        " in the memory budget; 0 = off",
+        at_least(0),
+    )
+    ctx_checkpoints: int = setting(
+        8,
+        "context checkpoints kept per slot by sliding-window models (--ctx-checkpoints); in the memory"
+        " budget; 0 = off",
+        at_least(0),
+    )
+    extra_args: tuple[str, ...] = setting(
+        (), "appended to the child's argv; flags the supervisor sets itself are refused"
+    )
+    chat_template: NameOrPath | None = setting(
+        None,
+        "chat format: a llama.cpp built-in name (--chat-template NAME --no-jinja) or a Jinja template file"
+        " (--chat-template-file); null = the GGUF's own template, and gemma for the demo model",
+        check_chat_template,
+    )
+
+
+@dataclass(frozen=True)
+class ServedModelConfig:
+    """One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
+    also names the binary every child runs."""
+
+    name: str = setting("", "model id clients send in 'model' (the child's --alias); required", NAME)
+    aliases: tuple[str, ...] = setting((), "other names accepted for this model")
+    path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
+    sha256: str | None = setting(None, "expected sha256 of the file; required when path is set", SHA256)
+    residency: Residency = setting(
+        "always", "always: loaded at start, counted in readiness; on_demand: loaded by its first request"
+    )
+    idle_unload_s: float = setting(
+        300.0, "on_demand: stopped after this long without a request holding or awaiting a slot", positive
+    )
+    slots: int | None = setting(None, "parallel sequences (-np); null = llama.slots", at_least(1))
+    ctx_per_slot: int | None = setting(
+        None, "context tokens per slot, a multiple of 256; null = llama.ctx_per_slot", multiple_of_256
+    )
+    threads: int | None = setting(None, "decode threads (-t); null = llama.threads", at_least(1))
+    threads_batch: int | None = setting(None, "prompt threads (-tb); null = llama.threads_batch", at_least(1))
+    embeddings: bool | None = setting(None, "serve /v1/embeddings; null = llama.embeddings")
+    reranking: bool | None = setting(None, "serve /v1/rerank; null = llama.reranking")
+    cache_type_k: CacheType | None = setting(None, "KV cache type for K; null = llama.cache_type_k")
+    cache_type_v: CacheType | None = setting(None, "KV cache type for V; null = llama.cache_type_v")
+    prompt_cache_mib: int | None = setting(None, "--cache-ram; null = llama.prompt_cache_mib", at_least(0))
+    extra_args: tuple[str, ...] | None = setting(
+        None, "appended to this child's argv; null = llama.extra_args"
+    )
+    chat_template: NameOrPath | None = setting(
+        None, "built-in name or template file; null = llama.chat_template", check_chat_template
+    )
+
+
+@dataclass(frozen=True)
+class SupervisionConfig:
+    load_timeout_s: float = setting(300.0, "hard cap on model load, however busy the log", positive)
+    stall_timeout_s: float = setting(30.0, "load fails when the child's log is silent this long", positive)
+    health_interval_s: float = setting(2.0, "seconds between /health probes once READY", positive)
+    health_timeout_s: float = setting(2.0, "timeout of one /health probe", positive)
+    health_failures: int = setting(3, "consecutive failed probes that make a READY child dead", at_least(1))
+    backoff_initial_s: float = setting(
+        1.0, "upper bound of the first restart delay (full jitter)", at_least(0)
+    )
+    backoff_max_s: float = setting(30.0, "upper bound of any restart delay", at_least(0))
+    stable_after_s: float = setting(60.0, "READY this long resets the backoff", at_least(0))
+    max_restarts: int = setting(5, "restarts allowed within restart_window_s before FAILED", at_least(0))
+    restart_window_s: float = setting(300.0, "window for max_restarts", positive)
+    exit_on_failed: bool = setting(False, "exit the daemon non-zero on FAILED (for systemd/Kubernetes)")
+    stop_grace_s: float = setting(10.0, "SIGTERM to SIGKILL grace when stopping the child", at_least(0))
+    memory_headroom_mib: int = setting(1024, "memory left free for the OS and other work", at_least(0))
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    name: str = setting("default", "tenant name (keys refer to it)", NAME)
+    max_concurrency: int = setting(2, "requests of this tenant running at once", at_least(1))
+    max_queue: int = setting(8, "requests of this tenant waiting for a slot", at_least(0))
+    queue_timeout_s: float = setting(30.0, "longest wait for a slot before 429", positive)
+    weight: int = setting(1, "share of freed slots when several tenants wait", at_least(1))
+    max_tokens: int | None = setting(None, "cap on max_tokens of a request; null = no cap", at_least(1))
+    check_prompt_size: bool = setting(False, "refuse prompts longer than the per-slot context up front")
+    max_n: int = setting(4, "completions per prompt a request may ask for (n, n_cmpl)", at_least(1))
+    max_prompts: int = setting(16, "elements of a prompt array (prompt, input, documents)", at_least(1))
+    max_logprobs: int = setting(20, "bound of n_probs, logprobs and top_logprobs", at_least(0))
+    show_cache_details: bool = setting(
+        False, "show prompt-cache hits (cached_tokens, timings) to this tenant's inference keys"
+    )
+    cache_prompt: bool = setting(True, "false: force cache_prompt false (strict cache isolation)")
+    models: tuple[str, ...] = setting((), "names of models (models[].name) this tenant may use; [] = all")
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    id: str = setting(
+        "",
+        "12 lowercase hex: the public part of the key",
+        matches(r"[0-9a-f]{12}", "12 lowercase hex digits"),
+    )
+    digest: str = setting(
+        "", "sha256 of the whole key string", matches(r"sha256:[0-9a-f]{64}", "'sha256:' + 64 hex")
+    )
+    tenant: str = setting("default", "tenant the key belongs to")
+    scopes: tuple[Scope, ...] = setting(("inference",), "inference and/or admin")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: LogFormat = setting("text", "text or json (JSON lines); --log-format on the command line wins")
+    level: LogLevel = setting("INFO", "DEBUG shows the child's log lines; --log-level wins")
+    access_log: bool = setting(True, "one line per request (never a prompt, a completion or a key)")
+
+
+def _default_tenants() -> tuple[TenantConfig, ...]:
+    return (TenantConfig(),)
+
+
+@dataclass(frozen=True)
+class Config:
+    proxy: ProxyConfig = section(ProxyConfig, "the public listener and request limits")
+    llama: LlamaConfig = section(LlamaConfig, "the llama-server child")
+    models: tuple[ServedModelConfig, ...] = setting(
+        (), "several models, one child each; [] = the one model of the llama section"
+    )
+    supervision: SupervisionConfig = section(SupervisionConfig, "timings of load, liveness, restarts, stop")
+    tenants: tuple[TenantConfig, ...] = section(_default_tenants, "who may use the service, and how much")
+    keys: tuple[KeyConfig, ...] = setting(
+        (), "API keys as digests (llamagate keys new); none = one fresh key printed at start"
+    )
+    logging: LoggingConfig = section(LoggingConfig, "log format and level")

@@ -1,0 +1,265 @@
+"""Everything that happens before the first launch: find and verify the binary and the model, read
+the model's shape, check the memory budget, and write down the identity of what will be served.
+
+Nothing here starts a process that serves; a failure raises with what is wrong and what to change.
+Hashes go through the hash cache (``artifacts.sha256_file``) so a daemon restart costs a ``stat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from supervisor.artifacts.build import ensure_binary, find_installed, version_output
+from supervisor.artifacts.demo_model import (
+    DEMO_MODEL_CHAT_TEMPLATE,
+    DEMO_MODEL_SHA256,
+    demo_model_path,
+    ensure_demo_model,
+)
+from supervisor.artifacts.files import check_gguf, sha256_file, verify_model
+from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
+from supervisor.budget.gguf_info import ModelShape, read_shape
+from supervisor.budget.plan import MIB, Budget, plan_budget
+from supervisor.config.schema import Config
+from supervisor.daemon.identity import host_identity, served_identity
+from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
+from supervisor.launch.flags import LaunchSpec, budget_flags
+from supervisor.paths import default_lock_path
+from supervisor.progress import Progress
+
+log = logging.getLogger("llamagate.prepare")
+
+
+@dataclass(frozen=True)
+class Binary:
+    path: Path
+    sha256: str
+    build: dict[str, object] | None
+
+
+@dataclass(frozen=True)
+class Model:
+    path: Path
+    sha256: str
+    size: int
+    shape: ModelShape
+
+
+@dataclass(frozen=True)
+class Prepared:
+    spec: LaunchSpec  # port 0: the driver picks a free one per boot
+    binary: Binary
+    model: Model
+    budget: Budget
+    identity: dict[str, object]
+
+
+def _build_facts(receipt: Receipt) -> dict[str, object]:
+    return {
+        "commit": receipt.llama_cpp_commit,
+        "version": receipt.version_output.strip(),
+        "cmake_args": list(receipt.cmake_args),
+        "compilers": list(receipt.compilers),
+        "source": receipt.source,
+        "source_sha256": receipt.source_sha256,
+        "lock_digest": receipt.lock_digest,
+        "built_at": receipt.built_at,
+        "reference_match": receipt.reference_match,
+    }
+
+
+def _version_of(binary: Path) -> str:
+    """``--version`` of a binary we did not build (no receipt): the commit is in its output."""
+    try:
+        return version_output(binary)[:500] or "unknown"
+    except BuildError as exc:
+        return f"unknown ({exc})"
+
+
+def resolve_binary(
+    cfg: Config, *, progress: Progress, cache: Path | None = None, fetch: bool = True
+) -> Binary:
+    """``fetch=False``: use only what is installed (a SIGHUP must not start a 5-minute build)."""
+    explicit = cfg.llama.binary
+    if explicit is None:
+        lock = cfg.llama.lock or default_lock_path()
+        if fetch:
+            installed = ensure_binary(lock, cache=cache, progress=progress)
+        else:
+            found = find_installed(lock, cache=cache)
+            if found is None:
+                raise StartupError(
+                    f"no llama-server built for {lock} yet: run 'llamagate build --lock {lock}'"
+                )
+            installed = found
+        return Binary(installed.path, installed.receipt.binary_sha256, _build_facts(installed.receipt))
+    if not explicit.is_file():
+        raise Misconfigured(f"llama.binary: not a file: {explicit}")
+    if not os.access(explicit, os.X_OK):
+        raise Misconfigured(f"llama.binary: not executable: {explicit}")
+    digest = sha256_file(explicit, cache=cache)
+    expected = cfg.llama.binary_sha256
+    if expected is not None and digest != expected:
+        raise Misconfigured(f"llama.binary_sha256: {DigestMismatch(str(explicit), expected, digest)}")
+    # A binary from llamagate's cache named explicitly still has its receipt beside it.
+    receipt_path = explicit.parent / RECEIPT_NAME
+    if receipt_path.is_file():
+        try:
+            receipt = read_receipt(receipt_path)
+        except CheckFailed:
+            receipt = None
+        if receipt is not None and receipt.binary_sha256 == digest:
+            return Binary(explicit, digest, _build_facts(receipt))
+    return Binary(
+        explicit, digest, {"source": "external binary (no receipt)", "version": _version_of(explicit)}
+    )
+
+
+def resolve_model(cfg: Config, *, progress: Progress, cache: Path | None = None, fetch: bool = True) -> Model:
+    """``fetch=False``: the demo model must already be in the cache (a SIGHUP must not download)."""
+    m = cfg.llama.model
+    if m.path is None:
+        if fetch:
+            path = ensure_demo_model(cache=cache, progress=progress)
+        else:
+            path = demo_model_path(cache)
+            if not path.is_file():
+                raise StartupError(
+                    f"the demo model is not in the cache ({path}): run 'llamagate model fetch'"
+                )
+            verify_model(path, DEMO_MODEL_SHA256, cache=cache)
+        digest = DEMO_MODEL_SHA256
+        check_gguf(path)
+        return Model(path=path, sha256=digest, size=path.stat().st_size, shape=read_shape(path))
+    assert m.sha256 is not None  # config validation requires it with a path
+    try:
+        verify_model(m.path, m.sha256, cache=cache)
+        shape = read_shape(m.path)
+    except DigestMismatch as exc:
+        raise Misconfigured(f"llama.model.sha256: {exc}") from None
+    except CheckFailed as exc:  # missing, a directory, unreadable, not a GGUF
+        raise Misconfigured(f"llama.model.path: {exc}") from None
+    return Model(path=m.path, sha256=m.sha256, size=m.path.stat().st_size, shape=shape)
+
+
+def default_threads() -> int:
+    """Physical cores we may run on: hyperthreads add little to decode and contend for the FPU."""
+    physical = psutil.cpu_count(logical=False) or 1
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = physical
+    return max(1, min(physical, usable))
+
+
+def budget_for(
+    cfg: Config, model: Model, *, available: int | None = None, extra_available: int = 0
+) -> Budget:
+    llama = cfg.llama
+    swa_full, n_ubatch = budget_flags(llama.extra_args)
+    return plan_budget(
+        model.shape,
+        weights=model.size,
+        slots=llama.slots,
+        ctx_per_slot=llama.ctx_per_slot,
+        type_k=llama.cache_type_k,
+        type_v=llama.cache_type_v,
+        headroom_bytes=cfg.supervision.memory_headroom_mib * MIB,
+        available=available,
+        extra_available=extra_available,
+        prompt_cache_bytes=llama.prompt_cache_mib * MIB,
+        ctx_checkpoints=llama.ctx_checkpoints,
+        swa_full=swa_full,
+        n_ubatch=n_ubatch,
+    )
+
+
+def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
+    llama = cfg.llama
+    threads = llama.threads or default_threads()
+    return LaunchSpec(
+        binary=binary.path,
+        model=model.path,
+        alias=llama.model.alias,
+        port=0,
+        threads=threads,
+        threads_batch=llama.threads_batch or threads,
+        slots=llama.slots,
+        ctx_per_slot=llama.ctx_per_slot,
+        gpu_layers=llama.gpu_layers,
+        embeddings=llama.embeddings,
+        cache_type_k=llama.cache_type_k,
+        cache_type_v=llama.cache_type_v,
+        extra_args=llama.extra_args,
+        prompt_cache_mib=llama.prompt_cache_mib,
+        ctx_checkpoints=llama.ctx_checkpoints,
+        chat_template=chat_template_for(cfg),
+        reranking=llama.reranking,
+    )
+
+
+def chat_template_for(cfg: Config) -> str | None:
+    """The configured template; unset, the demo model (whose GGUF has none, so llama-server would fall
+    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. The demo model
+    is recognised by its pinned digest too, wherever a config puts the file."""
+    llama = cfg.llama
+    if llama.chat_template is not None:
+        return llama.chat_template
+    demo = llama.model.path is None or llama.model.sha256 == DEMO_MODEL_SHA256
+    return DEMO_MODEL_CHAT_TEMPLATE if demo else None
+
+
+def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:
+    return served_identity(
+        binary=binary.path,
+        binary_sha256=binary.sha256,
+        build=binary.build,
+        model=model.path,
+        model_size=model.size,
+        model_sha256=model.sha256,
+        alias=spec.alias,
+        threads=spec.threads,
+        threads_batch=spec.threads_batch,
+        slots=spec.slots,
+        ctx_per_slot=spec.ctx_per_slot,
+        cache_type_k=spec.cache_type_k,
+        cache_type_v=spec.cache_type_v,
+        gpu_layers=spec.gpu_layers,
+        extra_args=spec.extra_args,
+        host=host_identity(),
+        prompt_cache_mib=spec.prompt_cache_mib,
+        ctx_checkpoints=spec.ctx_checkpoints,
+    )
+
+
+def prepare(
+    cfg: Config,
+    *,
+    progress: Progress,
+    cache: Path | None = None,
+    extra_available: int = 0,
+    fetch: bool = True,
+) -> Prepared:
+    """Verify, budget and describe; raises ``StartupError`` when the budget does not fit.
+    ``extra_available``: memory that will be freed before the launch (a child about to be replaced).
+    ``fetch=False``: never build the binary or download the demo model, only verify them (SIGHUP)."""
+    binary = resolve_binary(cfg, progress=progress, cache=cache, fetch=fetch)
+    model = resolve_model(cfg, progress=progress, cache=cache, fetch=fetch)
+    budget = budget_for(cfg, model, extra_available=extra_available)
+    if not budget.fits:
+        raise Misconfigured(budget.refusal())
+    shape = model.shape
+    if shape.n_ctx_train is not None and cfg.llama.ctx_per_slot > shape.n_ctx_train:
+        log.warning(
+            "ctx_per_slot exceeds the model's training context; quality degrades past it",
+            extra={"fields": {"ctx_per_slot": cfg.llama.ctx_per_slot, "n_ctx_train": shape.n_ctx_train}},
+        )
+    if Path("/etc/llama.cpp/config.ini").exists():
+        log.warning("/etc/llama.cpp/config.ini exists: llama-server reads it (argv still wins)")
+    spec = launch_spec(cfg, binary, model)
+    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model))

@@ -1,0 +1,1 @@
+"""The llama-server command line: every flag the supervisor passes or refuses, and the chat template names."""
