@@ -20,12 +20,12 @@ from proxy.settings import KeyEntry
 from supervisor import logs
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
+from supervisor.config.models import is_multi
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import bind_listener
 from supervisor.daemon.prepare import prepare
 from supervisor.daemon.service import Daemon
 from supervisor.progress import ConsoleProgress
-from supervisor.served_models import is_multi
 
 log = logging.getLogger("llamagate.serve")
 
@@ -126,9 +126,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_models(cfg: Config, path: Path | None, sock: socket.socket) -> int:
     """A ``models:`` config: every model verified and budgeted, alone and together, then one daemon."""
-    from supervisor.multi_daemon import MultiDaemon
-    from supervisor.prepare import default_threads
-    from supervisor.prepare_models import joint_budget_lines, prepare_models, thread_warning
+    from supervisor.daemon.multi_service import MultiDaemon
+    from supervisor.daemon.prepare import default_threads
+    from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
 
     models = prepare_models(cfg, progress=ConsoleProgress())
     for line in joint_budget_lines(models):

@@ -194,9 +194,9 @@ def test_sighup_removing_one_model_stops_only_that_child(daemon_factory: DaemonF
 def test_always_models_that_do_not_fit_together_are_refused_with_the_numbers(
     daemon_factory: DaemonFactory,
 ) -> None:
-    from supervisor.budget import MIB
-    from supervisor.config import parse_config
-    from supervisor.prepare_models import prepare_models
+    from supervisor.budget.plan import MIB
+    from supervisor.config.load import parse_config
+    from supervisor.daemon.prepare_models import prepare_models
     from supervisor.progress import NullProgress
 
     # Each model needs about 1.3 GiB (its prompt cache is budgeted); give the pair room for 1.5 of them:

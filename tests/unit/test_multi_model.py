@@ -13,11 +13,11 @@ import pytest
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
 from proxy.model_router import ModelEntry, ModelRouter
 from proxy.settings import TenantSettings
-from supervisor.config import parse_config
-from supervisor.config_schema import Config
+from supervisor.config.load import parse_config
+from supervisor.config.models import served_models
+from supervisor.config.schema import Config
+from supervisor.daemon.model_hosts import ModelHost, ModelSet
 from supervisor.errors import ConfigError
-from supervisor.model_hosts import ModelHost, ModelSet
-from supervisor.served_models import served_models
 from tests.fakes.fake_upstream import StaticSource, snapshot_for
 
 SHA = "a" * 64
@@ -210,7 +210,7 @@ async def test_idle_unload_waits_for_idle_time_and_never_takes_a_busy_model() ->
 def test_resident_decode_threads_beyond_the_cores_are_warned_about() -> None:
     from types import SimpleNamespace
 
-    from supervisor.prepare_models import PreparedModel, thread_warning
+    from supervisor.daemon.prepare_models import PreparedModel, thread_warning
 
     cfg = parse_config(
         "models: [{name: a, threads: 2}, {name: b, threads: 1},"

@@ -21,21 +21,21 @@ from pathlib import Path
 from proxy.app import create_app
 from proxy.model_router import ModelEntry, ModelRouter
 from proxy.settings import KeyEntry
-from supervisor.config import load_config
-from supervisor.config_schema import Config
-from supervisor.daemon import Daemon
-from supervisor.driver import ChildSupervisor
+from supervisor.child.driver import ChildSupervisor
+from supervisor.child.gate import HttpProbes
+from supervisor.child.osseam import ChildOs, Probes
+from supervisor.child.restart import Policy
+from supervisor.config.load import load_config
+from supervisor.config.models import ServedModel, is_multi, served_models
+from supervisor.config.proxy_settings import proxy_settings
+from supervisor.config.schema import Config
+from supervisor.daemon.model_hosts import ModelHost, ModelSet
+from supervisor.daemon.observability import Observability
+from supervisor.daemon.prepare import Prepared
+from supervisor.daemon.prepare_models import PreparedModel, joint_need, prepare_models, usable_bytes
+from supervisor.daemon.service import Daemon
 from supervisor.errors import ConfigError, Misconfigured
-from supervisor.gate import HttpProbes
-from supervisor.model_hosts import ModelHost, ModelSet
-from supervisor.observability import Observability
-from supervisor.osseam import ChildOs, Probes
-from supervisor.prepare import Prepared
-from supervisor.prepare_models import PreparedModel, joint_need, prepare_models, usable_bytes
 from supervisor.progress import NullProgress
-from supervisor.restart import Policy
-from supervisor.served_models import ServedModel, is_multi, served_models
-from supervisor.settings_map import proxy_settings
 
 log = logging.getLogger("llamagate.daemon")
 
@@ -64,7 +64,7 @@ class MultiDaemon(Daemon):
     def _build(
         self, cfg: Config, prepared: Prepared, child_os: ChildOs | None, probes: Probes | None
     ) -> None:
-        from supervisor.child import RealOs
+        from supervisor.child.spawn import RealOs
 
         self.probes = probes or HttpProbes()
         self.child_os = child_os or RealOs()

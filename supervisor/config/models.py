@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from supervisor.config_schema import Config, ModelConfig, ServedModelConfig
+from supervisor.config.schema import Config, ModelConfig, ServedModelConfig
 
 # Fields of a models[] entry that override the llama: section's field of the same name when not null.
 _INHERITED = (

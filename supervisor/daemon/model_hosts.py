@@ -29,11 +29,11 @@ from typing import Any
 
 from proxy.errors import NotReady
 from proxy.readiness import UpstreamSnapshot
-from supervisor.budget import MIB
-from supervisor.driver import ChildSupervisor, StateObserver, TickHook
-from supervisor.prepare import Prepared
-from supervisor.prepare_models import PreparedModel
-from supervisor.process import State
+from supervisor.budget.plan import MIB
+from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
+from supervisor.child.machine import State
+from supervisor.daemon.prepare import Prepared
+from supervisor.daemon.prepare_models import PreparedModel
 
 log = logging.getLogger("llamagate.models")
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.budget import MIB
-from supervisor.config_schema import Config
+from supervisor.budget.plan import MIB
+from supervisor.config.models import ServedModel, served_models
+from supervisor.config.schema import Config
+from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.errors import Misconfigured
-from supervisor.prepare import Prepared, prepare
 from supervisor.progress import Progress
-from supervisor.served_models import ServedModel, served_models
 
 
 @dataclass(frozen=True)
