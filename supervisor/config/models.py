@@ -36,6 +36,7 @@ class ServedModel:
     residency: str  # "always" | "on_demand"
     idle_unload_s: float | None  # None: never unloaded for idleness (always resident)
     cfg: Config  # a one-model config: cfg.llama is this model's child
+    load_wait_s: float = 300.0  # on_demand: how long a request waits for the load
 
     @property
     def on_demand(self) -> bool:
@@ -60,4 +61,4 @@ def _one(cfg: Config, entry: ServedModelConfig) -> ServedModel:
     # The child knows one alias (its name); the proxy maps the other names to it.
     one = replace(cfg, llama=llama, models=(), proxy=replace(cfg.proxy, model_aliases=entry.aliases))
     idle = entry.idle_unload_s if entry.residency == "on_demand" else None
-    return ServedModel(entry.name, entry.aliases, entry.residency, idle, one)
+    return ServedModel(entry.name, entry.aliases, entry.residency, idle, one, entry.load_wait_s)

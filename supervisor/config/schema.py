@@ -227,6 +227,11 @@ class ServedModelConfig:
     idle_unload_s: float = setting(
         300.0, "on_demand: stopped after this long without a request holding or awaiting a slot", positive
     )
+    load_wait_s: float = setting(
+        300.0,
+        "on_demand: longest a request waits for the model to load and pass its gate; then 503",
+        positive,
+    )
     slots: int | None = setting(None, "parallel sequences (-np); null = llama.slots", at_least(1))
     ctx_per_slot: int | None = setting(
         None, "context tokens per slot, a multiple of 256; null = llama.ctx_per_slot", multiple_of_256

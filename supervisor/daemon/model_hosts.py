@@ -7,11 +7,12 @@ budget, so one child crashing, hanging or being restarted never touches another'
 
 ``on_demand`` models: the first request that finds one unloaded asks ``ModelSet.load`` (one lock:
 concurrent requests for the same cold model share one load, and loads never race for memory), then
-waits for READY up to the model's ``load_wait_s`` (the child's own stall-aware load deadline may end
-the load first). When the load would not fit the budget, the least recently used idle on_demand model
-is unloaded first; if that is not enough the request gets 503 with Retry-After and why. A model whose
-lane has been idle ``idle_unload_s`` is stopped by ``ModelSet.run``'s loop; a lane holding or awaiting
-a slot is never idle (``usage``, read from the proxy's lanes).
+waits for READY up to the model's ``load_wait_s`` (a load that fails the child's stall-aware deadline
+is retried by its supervisor within that wait; FAILED ends the wait at once). When the load would not
+fit the budget, the least recently used idle on_demand model is unloaded first; if that is not
+enough the request gets 503 with Retry-After and why. A model whose lane has been idle
+``idle_unload_s`` is stopped by ``ModelSet.run``'s loop; a lane holding or awaiting a slot is never
+idle (``usage``, read from the proxy's lanes).
 
 ``ModelSet`` is also the proxy's main ``UpstreamSource``: ready when every ``always`` model is READY,
 and otherwise saying which is not.
@@ -37,8 +38,6 @@ from supervisor.daemon.prepare_models import PreparedModel
 
 log = logging.getLogger("llamagate.models")
 
-# How long a request waits for an on_demand model to become READY (its load included).
-LOAD_WAIT_S = 300.0
 # Retry-After of a load refused for memory: about when an idle model may have been unloaded.
 NO_ROOM_RETRY_S = 30.0
 
@@ -147,7 +146,8 @@ class ModelHost:
             return
         started = time.monotonic()
         await self._loader(self)
-        deadline = started + LOAD_WAIT_S
+        limit = self.served.load_wait_s
+        deadline = started + limit
         while True:
             state = self.sup.state
             if state is State.READY:
@@ -158,7 +158,8 @@ class ModelHost:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NotReady(
-                    f"the model '{self.name}' is still loading after {LOAD_WAIT_S:g} s", NO_ROOM_RETRY_S
+                    f"the model '{self.name}' is still loading after {limit:g} s (models[].load_wait_s)",
+                    NO_ROOM_RETRY_S,
                 )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
