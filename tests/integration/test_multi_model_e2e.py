@@ -191,6 +191,29 @@ def test_sighup_removing_one_model_stops_only_that_child(daemon_factory: DaemonF
     assert getattr(refused.value, "status_code", None) == 404
 
 
+def test_sighup_changing_one_model_restarts_only_that_child(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(two_models(daemon_factory))
+    chat_pid, embed_pid = child_pid(d, "chat"), child_pid(d, "embed")
+    assert chat_pid is not None and embed_pid is not None
+    config = dict(d.config)
+    config["models"] = [{**m, "ctx_per_slot": 256} if m["name"] == "embed" else m for m in config["models"]]
+    d.config = config
+    d.config_path.write_text(yaml.safe_dump(config))
+    d.signal(signal.SIGHUP)
+    d.wait_for(
+        lambda code, body: (
+            code == 200
+            and body.get("last_reload") == "applied"
+            and body["models"].get("embed", {}).get("ctx_per_slot") == 256
+            and body["models"]["embed"]["ready"]
+        ),
+        "the changed model to be READY on its new settings",
+    )
+    assert process_gone(embed_pid) and child_pid(d, "embed") != embed_pid
+    assert child_pid(d, "chat") == chat_pid  # untouched
+    assert embed(d) and chat(d)
+
+
 def test_always_models_that_do_not_fit_together_are_refused_with_the_numbers(
     daemon_factory: DaemonFactory,
 ) -> None:
