@@ -256,3 +256,29 @@ def test_a_models_config_with_a_bad_field_is_refused_by_its_path(daemon_factory:
         check=False,
     )
     assert done.returncode == 2
+
+
+def test_plan_adds_up_every_always_model_and_the_largest_on_demand_one(
+    daemon_factory: DaemonFactory, tmp_path: Any
+) -> None:
+    config = two_models(daemon_factory, residency="on_demand")
+    config["llama"]["binary"] = str(daemon_factory.binary)
+    path = tmp_path / "models.yaml"
+
+    def plan(headroom_mib: int) -> subprocess.CompletedProcess[str]:
+        path.write_text(yaml.safe_dump({**config, "supervision": {"memory_headroom_mib": headroom_mib}}))
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor", "plan", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    fits = plan(256)
+    assert fits.returncode == 0, fits.stderr
+    assert "chat (always):" in fits.stdout and "embed (on_demand):" in fits.stdout
+    assert "-a embed" in fits.stdout and "--embeddings" in fits.stdout
+    assert "every always model + the largest on_demand one:" in fits.stdout and "\nfits\n" in fits.stdout
+    refused = plan(10**7)  # 10 TB of headroom: nothing fits
+    assert refused.returncode == 1 and "does not fit" in refused.stdout
