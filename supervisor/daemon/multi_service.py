@@ -14,12 +14,15 @@ A reload that cannot be verified or does not fit is not applied at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proxy.app import create_app
+from proxy.llama_metrics_models import ModelsLlamaMetrics
 from proxy.model_router import ModelEntry, ModelRouter
+from proxy.readiness import UpstreamSnapshot
 from proxy.settings import KeyEntry
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
@@ -30,7 +33,7 @@ from supervisor.config.models import ServedModel, is_multi, served_models
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.config.schema import Config
 from supervisor.daemon.model_hosts import ModelHost, ModelSet
-from supervisor.daemon.observability import Observability
+from supervisor.daemon.observability import Observability, instance_label
 from supervisor.daemon.prepare import Prepared
 from supervisor.daemon.prepare_models import PreparedModel, joint_need, prepare_models, usable_bytes
 from supervisor.daemon.service import Daemon
@@ -73,6 +76,9 @@ class MultiDaemon(Daemon):
             self.models.add(self._host(model))
         self.supervisor = self.models  # type: ignore[assignment]  # the Daemon's loop runs the set
         self.observability = Observability(cfg, self.models.primary.sup)
+        # llama-server's series from every model's child, each with its model label.
+        self.observability.llama = ModelsLlamaMetrics(self._snapshots, instance_label(cfg))  # type: ignore[assignment]
+        self.observability.collectors = (self.observability.collectors[0], self.observability.llama)
         self.app = create_app(
             proxy_settings(cfg, self.generated_keys),
             self.models,
@@ -106,6 +112,13 @@ class MultiDaemon(Daemon):
     def _entry(host: ModelHost) -> ModelEntry:
         served = host.served
         return ModelEntry(served.name, served.aliases, host, served.residency)
+
+    def _snapshots(self) -> dict[str, Callable[[], UpstreamSnapshot]]:
+        # By name, not the host object: a model whose settings changed gets a new host of the same name.
+        return {name: functools.partial(self._snapshot_of, name) for name in self.models.hosts}
+
+    def _snapshot_of(self, name: str) -> UpstreamSnapshot:
+        return self.models.hosts[name].snapshot()
 
     def _usage(self, name: str) -> tuple[bool, float]:
         lane = self.router.lanes.get(name)

@@ -116,6 +116,17 @@ def test_two_models_serve_through_one_key_at_the_same_time(daemon_factory: Daemo
     assert "    chat           READY (always), 1 slots x 512 tokens" in status.stdout
     assert "    embed          READY (always), 1 slots x 512 tokens" in status.stdout
 
+    # llama-server's series from both children, each with its model's label.
+    metrics = httpx.get(
+        f"{d.base_url}/metrics", headers={"Authorization": f"Bearer {d.admin_key}"}, timeout=30
+    ).text
+    for name in ("chat", "embed"):
+        assert f'llamagate_upstream_scrape_ok{{model="{name}"}} 1.0' in metrics
+        assert any(
+            line.startswith("llamacpp_tokens_predicted_total{") and f'model="{name}"' in line
+            for line in metrics.splitlines()
+        )
+
     # A model nobody serves: 404 naming what is served.
     with client(d) as c, pytest.raises(Exception) as refused:
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2)
