@@ -4,8 +4,12 @@ Order matters and is cheapest-refusal first: credentials (no body read for a str
 before reading), body size and JSON, model name, the tenant's bounds (``proxy.limits``: ``n``, prompt
 arrays, ``id_slot``, logprobs, token cap; it also says how many slots the request occupies), the
 optional prompt-size check (before a slot is taken), then admission of that many slots, then the
-child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
-client that leaves releases what it held at once.
+child. With several models (``proxy.model_router``) the body is read before readiness, since its
+``model`` names the child: then the model's lane (its own runtime and gate) is chosen, an unloaded
+on_demand model is loaded (the wait counts toward TTFT), and the same steps follow on that lane. Every
+step that can wait (queue, first token, the stream) runs under the client watch, so a
+client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
+other requests and goes on; a client that left during it is noticed at admission).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
