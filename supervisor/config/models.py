@@ -62,3 +62,13 @@ def _one(cfg: Config, entry: ServedModelConfig) -> ServedModel:
     one = replace(cfg, llama=llama, models=(), proxy=replace(cfg.proxy, model_aliases=entry.aliases))
     idle = entry.idle_unload_s if entry.residency == "on_demand" else None
     return ServedModel(entry.name, entry.aliases, entry.residency, idle, one, entry.load_wait_s)
+
+
+def as_model_path(message: str, index: int) -> str:
+    """A problem found on a model's one-model config, named by the ``models[]`` path the operator wrote
+    (``llama.model.path: ...`` -> ``models[1].path: ...``)."""
+    for field in ("path", "sha256"):
+        prefix = f"llama.model.{field}:"
+        if message.startswith(prefix):
+            return f"models[{index}].{field}:" + message[len(prefix) :]
+    return message

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.budget.plan import MIB
-from supervisor.config.models import ServedModel, served_models
+from supervisor.config.models import ServedModel, as_model_path, served_models
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.errors import Misconfigured
@@ -83,11 +83,11 @@ def prepare_models(
 ) -> tuple[PreparedModel, ...]:
     """Verify and budget every model; ``Misconfigured`` with the numbers when the set cannot fit."""
     out = []
-    for served in served_models(cfg):
+    for i, served in enumerate(served_models(cfg)):
         try:
             prepared = prepare(served.cfg, progress=progress, cache=cache, fetch=fetch)
         except Misconfigured as exc:
-            raise Misconfigured(f"model {served.name!r}: {exc}") from None
+            raise Misconfigured(f"model {served.name!r}: {as_model_path(str(exc), i)}") from None
         out.append(PreparedModel(served, prepared))
     models = tuple(out)
     if joint_need(models) > usable_bytes(models):

@@ -236,3 +236,24 @@ def test_resident_decode_threads_beyond_the_cores_are_warned_about() -> None:
         "the resident children's decode threads add up to 7 (a 2, b 1, c 4) on 6 cores: they compete,"
         " and every model's time per output token grows; lower models[].threads"
     )
+
+
+def test_config_check_names_a_models_missing_file_by_its_path(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from supervisor.config.models import as_model_path
+
+    assert as_model_path("llama.model.sha256: differs", 2) == "models[2].sha256: differs"
+    assert as_model_path("something else", 2) == "something else"
+    path = tmp_path / "models.yaml"
+    path.write_text(f"models:\n  - {{name: x, path: {tmp_path}/missing.gguf, sha256: '{SHA}'}}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "config", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"models[0].path: model file not found: {tmp_path}/missing.gguf" in done.stdout + done.stderr
