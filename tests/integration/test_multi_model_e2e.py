@@ -186,6 +186,28 @@ def test_an_on_demand_model_loads_on_its_first_request_and_unloads_when_idle(
     assert models_status(d)["embed"]["loads"] == 2
 
 
+def test_sigterm_drains_every_model_then_stops_every_child(daemon_factory: DaemonFactory) -> None:
+    overrides = two_models(daemon_factory)
+    overrides["proxy"] = {"drain_timeout_s": 120}  # a busy 2-core machine may take seconds per stream
+    d = daemon_factory(overrides)
+    pids = [child_pid(d, "chat"), child_pid(d, "embed")]
+    with client(d) as c:
+        stream = c.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "Count from one to fifty in words."}],
+            max_tokens=24,
+            stream=True,
+        )
+        chunks = iter(stream)
+        assert next(chunks).choices
+        d.signal(signal.SIGTERM)
+        d.wait_for(lambda code, b: code == 503 and b["ready"] is False, "readiness off", timeout=10)
+        rest = list(chunks)
+    assert rest and rest[-1].choices[0].finish_reason in ("length", "stop")
+    assert d.wait_exit() == 0
+    assert all(pid is not None and process_gone(pid) for pid in pids)
+
+
 def test_sighup_removing_one_model_stops_only_that_child(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory(two_models(daemon_factory))
     chat_pid, embed_pid = child_pid(d, "chat"), child_pid(d, "embed")
