@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 from proxy.admin_load import AdminLoad
 from proxy.anthropic import AnthropicRoute
 from proxy.inference import Inference
+from proxy.model_router import ModelsRoute
 from proxy.route_table import REFUSED, ROUTES, RouteSpec
 from proxy.routes import (
     Counting,
@@ -49,7 +50,7 @@ def endpoint(rt: ProxyRuntime, spec: RouteSpec) -> ASGIApp:
     elif kind == "count":
         app = Counting(rt, spec.path)
     elif kind == "models":
-        app = Passthrough(rt, spec.path, "inference")
+        app = ModelsRoute(rt, Passthrough(rt, spec.path, "inference"))
     elif kind == "props":
         app = Props(rt)
     elif kind == "health":

@@ -4,8 +4,12 @@ Order matters and is cheapest-refusal first: credentials (no body read for a str
 before reading), body size and JSON, model name, the tenant's bounds (``proxy.limits``: ``n``, prompt
 arrays, ``id_slot``, logprobs, token cap; it also says how many slots the request occupies), the
 optional prompt-size check (before a slot is taken), then admission of that many slots, then the
-child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
-client that leaves releases what it held at once.
+child. With several models (``proxy.model_router``) the body is read before readiness, since its
+``model`` names the child: then the model's lane (its own runtime and gate) is chosen, an unloaded
+on_demand model is loaded (the wait counts toward TTFT), and the same steps follow on that lane. Every
+step that can wait (queue, first token, the stream) runs under the client watch, so a
+client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
+other requests and goes on; a client that left during it is noticed at admission).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
@@ -26,11 +30,13 @@ from starlette.types import Receive, Scope, Send
 from proxy import body as bodies
 from proxy import limits, privacy
 from proxy.assemble import AnswerTooLarge, Assembler
+from proxy.auth import Principal
 from proxy.context import SCOPE_KEY, RequestContext
 from proxy.disconnect import ClientWatch
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
+from proxy.settings import TenantSettings
 from proxy.settle import SlotsSettled
 from proxy.streams import OPENAI, Meter, StreamFormat
 from proxy.upstream import UpstreamClosed, UpstreamResponse
@@ -104,14 +110,50 @@ class Inference:
         rt = self.rt
         ctx: RequestContext = scope[SCOPE_KEY]
         principal = rt.authorize(ctx, self.route, "inference")
-        admin = "admin" in principal.scopes
         tenant = rt.tenant(principal.tenant)
-        snap = rt.ready_snapshot()
-        if self.needs is not None and not getattr(snap, self.needs, False):
-            raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
+        router = rt.router
+        if router is None:
+            snap = rt.ready_snapshot()
+            if self.needs is not None and not getattr(snap, self.needs, False):
+                raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+        else:
+            # Several models: the body names the model, so it is read before readiness is known.
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+            lane = router.resolve(payload.get("model"), tenant)
+            rt = lane.runtime
+            lane.touch()
+            if self.needs is not None and not getattr(rt.snapshot(), self.needs, False):
+                raise NotFound(
+                    f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)"
+                )
+            rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
+            try:
+                await router.load(lane)
+                snap = rt.ready_snapshot()
+                await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+            finally:
+                rt.track_active(-1)
+                lane.touch()
+            return
+        await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+
+    async def _admitted(
+        self,
+        rt: ProxyRuntime,
+        ctx: RequestContext,
+        principal: Principal,
+        tenant: TenantSettings,
+        snap: UpstreamSnapshot,
+        raw: bytes,
+        payload: dict[str, Any],
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        admin = "admin" in principal.scopes
         settings = rt.settings
-        raw = await bodies.read_body(receive, ctx.content_length, settings.max_body_bytes)
-        payload = bodies.parse_object(raw)
         rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
         if rewrite:
             payload["model"] = snap.model_alias

@@ -85,6 +85,10 @@ class Readyz:
             "queued": self.rt.queued,
         }
         body.update({k: v for k, v in snap.info.items() if k not in body})
+        if self.rt.router is not None:
+            # Several models: ready when every ``always`` model is; each model's own state beside.
+            body["models"] = self.rt.router.model_states()
+            body["not_ready"] = self.rt.router.not_ready()
         if ready:
             await send_json(send, 200, body)
         else:

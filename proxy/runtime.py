@@ -8,6 +8,8 @@ in-flight permits stay attached to the tenant state they came from), and ``in_fl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.admission import Admission
 from proxy.auth import KeyTable, Principal, require
 from proxy.context import RequestContext
@@ -20,6 +22,9 @@ from proxy.readiness import UpstreamSnapshot, UpstreamSource
 from proxy.settings import ProxySettings, TenantSettings
 from proxy.settings import Scope as KeyScope
 from proxy.upstream import Upstream
+
+if TYPE_CHECKING:
+    from proxy.model_router import ModelRouter
 
 
 class ProxyRuntime:
@@ -38,6 +43,8 @@ class ProxyRuntime:
         # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
         self.door: FrontDoor | None = None
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
+        # Several models (``proxy.model_router``): set by the daemon; None serves the one ``source``.
+        self.router: ModelRouter | None = None
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:
@@ -52,6 +59,8 @@ class ProxyRuntime:
         self.upstream.timeouts = settings.timeouts
         self.admission.reconfigure(settings.tenants)
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
+        if self.router is not None:
+            self.router.reload(settings)
 
     @property
     def in_flight(self) -> int:

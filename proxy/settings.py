@@ -47,6 +47,8 @@ class TenantSettings:
     # False forces "cache_prompt": false on every request of this tenant (strict isolation: it never
     # reuses a cached prefix, so its time to first token says nothing about other tenants' prompts).
     cache_prompt: bool = True
+    # Names of the models this tenant may use (several-model daemons); empty: every model.
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ BENCH_MODULES = (
     "cache",
     "soak",
     "scaleout",
+    "models",
 )
 
 

@@ -59,16 +59,28 @@ def _check(args: argparse.Namespace) -> int:
     if args.offline:
         scope = "the file only (--offline)"
     else:
-        from supervisor.daemon.startcheck import check_host  # imports prepare: only when needed
+        from supervisor.config.models import as_model_path, served_models
+        from supervisor.daemon.startcheck import HostCheck, check_host  # imports prepare: when needed
 
-        host = check_host(cfg)
+        if cfg.models:
+            # Each model on its own (binary, file and sha256, budget); the set's budget: `llamagate plan`.
+            host = HostCheck()
+            for i, served in enumerate(served_models(cfg)):
+                one = check_host(served.cfg)
+                host.checked.extend(one.checked)
+                host.problems.extend(as_model_path(p, i) for p in one.problems)
+                host.notes.extend(f"models '{served.name}': {n}" for n in one.notes)
+        else:
+            host = check_host(cfg)
         if host.problems:
             return _report(name, host.problems)
-        scope = "checked on this host: " + (", ".join(host.checked) or "nothing yet")
-    print(
-        f"{name}: ok ({len(cfg.tenants)} tenant(s), {len(cfg.keys)} key(s), "
-        f"{cfg.llama.slots} slots x {cfg.llama.ctx_per_slot} tokens; {scope})"
+        scope = "checked on this host: " + (", ".join(dict.fromkeys(host.checked)) or "nothing yet")
+    serving = (
+        f"{len(cfg.models)} model(s)"
+        if cfg.models
+        else f"{cfg.llama.slots} slots x {cfg.llama.ctx_per_slot} tokens"
     )
+    print(f"{name}: ok ({len(cfg.tenants)} tenant(s), {len(cfg.keys)} key(s), {serving}; {scope})")
     if not args.offline:
         for note in host.notes:
             print(f"  note: {note}")

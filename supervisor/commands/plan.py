@@ -10,8 +10,11 @@ from pathlib import Path
 from supervisor.artifacts.build import find_installed
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
+from supervisor.config.models import is_multi, served_models
+from supervisor.config.schema import Config
 from supervisor.daemon.deploy_hints import ServiceLimits
 from supervisor.daemon.prepare import Binary, budget_for, launch_spec, resolve_model
+from supervisor.errors import UsageError
 from supervisor.launch.flags import build_argv
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress
@@ -39,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _plan(args: argparse.Namespace) -> int:
     cfg = load_config(resolve_config_path(args.config))
+    if is_multi(cfg):
+        return _plan_models(args, cfg)
     model = resolve_model(cfg, progress=ConsoleProgress())
     budget = budget_for(cfg, model)
     binary_path: Path | None
@@ -73,3 +78,49 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"  {line}")
         print("fits" if budget.fits else budget.refusal())
     return 0 if budget.fits else 1
+
+
+def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
+    """``models:``: each model's budget and command line, then the set every always model and the
+    largest on_demand one make, against the same available memory minus headroom ``serve`` checks."""
+    if args.systemd or args.kubernetes:
+        raise UsageError("--systemd/--kubernetes limits are for one model; with models: use plain plan")
+    rows = []
+    for served in served_models(cfg):
+        model = resolve_model(served.cfg, progress=ConsoleProgress())
+        budget = budget_for(served.cfg, model)
+        spec = launch_spec(served.cfg, Binary(Path("llama-server"), "", None), model)
+        argv = build_argv(spec)
+        argv[argv.index("--port") + 1] = "<free port>"
+        rows.append((served, budget, argv))
+    always = sum(b.required_bytes for s, b, _ in rows if not s.on_demand)
+    largest = max((b.required_bytes for s, b, _ in rows if s.on_demand), default=0)
+    need, usable = always + largest, min(b.usable_bytes for _, b, _ in rows)
+    fits = need <= usable and all(b.fits for _, b, _ in rows)
+    if args.json:
+        out = {
+            "models": {
+                s.name: {"residency": s.residency, "budget": b.as_dict(), "argv": a} for s, b, a in rows
+            },
+            "needed_bytes": need,
+            "usable_bytes": usable,
+            "fits": fits,
+        }
+        print(json.dumps(out, indent=2))
+        return 0 if fits else 1
+    mib = 1024 * 1024
+    for served, budget, argv in rows:
+        print(f"{served.name} ({served.residency}): {budget.required_bytes / mib:,.0f} MiB")
+        print(f"  argv     {' '.join(argv)}")
+        for line in budget.lines():
+            print(f"  {line}")
+    print(
+        f"every always model + the largest on_demand one: {need / mib:,.0f} MiB needed,"
+        f" {usable / mib:,.0f} MiB usable"
+    )
+    print(
+        "fits"
+        if fits
+        else "does not fit: lower slots or ctx_per_slot, make a model on_demand, or serve fewer"
+    )
+    return 0 if fits else 1

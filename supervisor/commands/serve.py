@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from proxy.auth import new_key
 from proxy.settings import KeyEntry
 from supervisor import logs
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
+from supervisor.config.models import is_multi
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import bind_listener
 from supervisor.daemon.prepare import prepare
@@ -70,7 +73,7 @@ def generate_key(cfg: Config) -> tuple[str, KeyEntry] | None:
 
 def _banner(cfg: Config, key: str) -> str:
     base = f"http://{cfg.proxy.host}:{cfg.proxy.port}"
-    alias = cfg.llama.model.alias
+    alias = cfg.models[0].name if cfg.models else cfg.llama.model.alias
     return f"""\
 llamagate: no API key in the configuration; this one is valid until the daemon stops (shown once):
 
@@ -105,6 +108,8 @@ def _serve(args: argparse.Namespace) -> int:
     _apply_logging(args, cfg)
     sock = bind_listener(cfg.proxy.host, cfg.proxy.port)
     try:
+        if is_multi(cfg):
+            return _serve_models(cfg, path, sock)
         prepared = prepare(cfg, progress=ConsoleProgress())
         for line in prepared.budget.lines():
             log.info(f"memory budget: {line.strip()}")
@@ -117,3 +122,23 @@ def _serve(args: argparse.Namespace) -> int:
         return asyncio.run(daemon.run(sock))
     finally:
         sock.close()
+
+
+def _serve_models(cfg: Config, path: Path | None, sock: socket.socket) -> int:
+    """A ``models:`` config: every model verified and budgeted, alone and together, then one daemon."""
+    from supervisor.daemon.multi_service import MultiDaemon
+    from supervisor.daemon.prepare import default_threads
+    from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
+
+    models = prepare_models(cfg, progress=ConsoleProgress())
+    for line in joint_budget_lines(models):
+        log.info(f"memory budget: {line}")
+    crowded = thread_warning(models, default_threads())
+    if crowded is not None:
+        log.warning(crowded)
+    generated = generate_key(cfg)
+    if generated is not None:
+        sys.stdout.write(_banner(cfg, generated[0]))
+        sys.stdout.flush()
+    daemon = MultiDaemon(cfg, models, config_path=path, generated_keys=[generated[1]] if generated else [])
+    return asyncio.run(daemon.run(sock))

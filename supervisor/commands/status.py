@@ -128,11 +128,28 @@ def _status(args: argparse.Namespace) -> int:
     if b.get("recovery"):
         print(f"  recovery     {b['recovery']}")
     print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
+    models = b.get("models")
+    if isinstance(models, dict):
+        _print_models(models)
     if identity_error:
         print(f"  identity     not available: {identity_error}")
     elif isinstance(identity, dict):
         _print_identity(identity)
     return 0 if ready else 1
+
+
+def _print_models(models: dict[str, Any]) -> None:
+    """Several models (``models:``): one line each, from /readyz (no key needed)."""
+    print("  models")
+    for name, m in models.items():
+        line = (
+            f"    {name:<14} {m.get('state')} ({m.get('residency')}), {m.get('slots')} slots x"
+            f" {m.get('ctx_per_slot')} tokens, uptime {_fmt_duration(m.get('uptime_s'))},"
+            f" restarts {m.get('restarts', '-')}"
+        )
+        if m.get("last_failure"):
+            line += f", last failure {m['last_failure']}"
+        print(line)
 
 
 def _print_identity(identity: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                 max_logprobs=t.max_logprobs,
                 show_cache_details=t.show_cache_details,
                 cache_prompt=t.cache_prompt,
+                models=t.models,
             )
             for t in cfg.tenants
         ),

@@ -10,7 +10,38 @@ from supervisor.launch.flags import refused_extra_args
 
 
 def cross_check(cfg: Config) -> list[str]:
-    return [*_llama(cfg), *_supervision(cfg), *_tenants_and_keys(cfg), *_proxy(cfg)]
+    return [*_llama(cfg), *_models(cfg), *_supervision(cfg), *_tenants_and_keys(cfg), *_proxy(cfg)]
+
+
+def _models(cfg: Config) -> list[str]:
+    """``models:``: names and aliases name one model each; files are verified; tenants name real models."""
+    out = []
+    owner: dict[str, str] = {}
+    for i, m in enumerate(cfg.models):
+        where = f"models[{i}]"
+        if not m.name:
+            out.append(f"{where}.name: required")
+        for field, name in [("name", m.name), *((f"aliases[{j}]", a) for j, a in enumerate(m.aliases))]:
+            if not name:
+                continue
+            if name in owner:
+                out.append(f"{where}.{field}: {name!r} already names {owner[name]}")
+            owner.setdefault(name, where)
+        if m.path is not None and m.sha256 is None:
+            out.append(f"{where}.sha256: required when {where}.path is set (the file is verified)")
+        if m.path is None and m.sha256 is not None:
+            out.append(f"{where}.sha256: only with {where}.path (the demo model's digest is pinned)")
+        for j, flag, reason in refused_extra_args(m.extra_args or ()):
+            out.append(f"{where}.extra_args[{j}]: {flag} is not allowed: {reason}")
+    if cfg.models and cfg.proxy.model_aliases:
+        out.append("proxy.model_aliases: with models:, give each model its own aliases (models[].aliases)")
+    names = {m.name for m in cfg.models if m.name} if cfg.models else {cfg.llama.model.alias}
+    for i, tenant in enumerate(cfg.tenants):
+        for j, name in enumerate(tenant.models):
+            if name not in names:
+                served = ", ".join(sorted(names))
+                out.append(f"tenants[{i}].models[{j}]: {name!r} is not a served model (served: {served})")
+    return out
 
 
 def _llama(cfg: Config) -> list[str]:

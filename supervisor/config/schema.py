@@ -25,6 +25,7 @@ NameOrPath = NewType("NameOrPath", str)
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 Scope = Literal["inference", "admin"]
+Residency = Literal["always", "on_demand"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -212,6 +213,45 @@ class LlamaConfig:
 
 
 @dataclass(frozen=True)
+class ServedModelConfig:
+    """One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
+    also names the binary every child runs."""
+
+    name: str = setting("", "model id clients send in 'model' (the child's --alias); required", NAME)
+    aliases: tuple[str, ...] = setting((), "other names accepted for this model")
+    path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
+    sha256: str | None = setting(None, "expected sha256 of the file; required when path is set", SHA256)
+    residency: Residency = setting(
+        "always", "always: loaded at start, counted in readiness; on_demand: loaded by its first request"
+    )
+    idle_unload_s: float = setting(
+        300.0, "on_demand: stopped after this long without a request holding or awaiting a slot", positive
+    )
+    load_wait_s: float = setting(
+        300.0,
+        "on_demand: longest a request waits for the model to load and pass its gate; then 503",
+        positive,
+    )
+    slots: int | None = setting(None, "parallel sequences (-np); null = llama.slots", at_least(1))
+    ctx_per_slot: int | None = setting(
+        None, "context tokens per slot, a multiple of 256; null = llama.ctx_per_slot", multiple_of_256
+    )
+    threads: int | None = setting(None, "decode threads (-t); null = llama.threads", at_least(1))
+    threads_batch: int | None = setting(None, "prompt threads (-tb); null = llama.threads_batch", at_least(1))
+    embeddings: bool | None = setting(None, "serve /v1/embeddings; null = llama.embeddings")
+    reranking: bool | None = setting(None, "serve /v1/rerank; null = llama.reranking")
+    cache_type_k: CacheType | None = setting(None, "KV cache type for K; null = llama.cache_type_k")
+    cache_type_v: CacheType | None = setting(None, "KV cache type for V; null = llama.cache_type_v")
+    prompt_cache_mib: int | None = setting(None, "--cache-ram; null = llama.prompt_cache_mib", at_least(0))
+    extra_args: tuple[str, ...] | None = setting(
+        None, "appended to this child's argv; null = llama.extra_args"
+    )
+    chat_template: NameOrPath | None = setting(
+        None, "built-in name or template file; null = llama.chat_template", check_chat_template
+    )
+
+
+@dataclass(frozen=True)
 class SupervisionConfig:
     load_timeout_s: float = setting(300.0, "hard cap on model load, however busy the log", positive)
     stall_timeout_s: float = setting(30.0, "load fails when the child's log is silent this long", positive)
@@ -246,6 +286,7 @@ class TenantConfig:
         False, "show prompt-cache hits (cached_tokens, timings) to this tenant's inference keys"
     )
     cache_prompt: bool = setting(True, "false: force cache_prompt false (strict cache isolation)")
+    models: tuple[str, ...] = setting((), "names of models (models[].name) this tenant may use; [] = all")
 
 
 @dataclass(frozen=True)
@@ -277,6 +318,9 @@ def _default_tenants() -> tuple[TenantConfig, ...]:
 class Config:
     proxy: ProxyConfig = section(ProxyConfig, "the public listener and request limits")
     llama: LlamaConfig = section(LlamaConfig, "the llama-server child")
+    models: tuple[ServedModelConfig, ...] = setting(
+        (), "several models, one child each; [] = the one model of the llama section"
+    )
     supervision: SupervisionConfig = section(SupervisionConfig, "timings of load, liveness, restarts, stop")
     tenants: tuple[TenantConfig, ...] = section(_default_tenants, "who may use the service, and how much")
     keys: tuple[KeyConfig, ...] = setting(

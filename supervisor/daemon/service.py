@@ -110,6 +110,10 @@ class Daemon:
             extra_collectors=self.observability.collectors,
         )
         self.runtime: Any = self.app.state.runtime
+        self._build_common()
+
+    def _build_common(self) -> None:
+        """What every daemon has beside its children: the door, systemd, signals."""
         self.door = FrontDoor(lambda: self.runtime.settings.door)
         self.runtime.door = self.door
         self.notifier = Notifier.from_env()

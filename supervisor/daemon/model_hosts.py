@@ -1,0 +1,347 @@
+"""Several models, one supervised child each: ``ModelHost`` is one model (its ``ChildSupervisor``,
+started at once or on demand), ``ModelSet`` is all of them, owned by the daemon.
+
+Each child keeps everything the single-model daemon gives its one child (state machine, port,
+per-boot secret, readiness gate, liveness, backoff, FAILED); the hosts share nothing but the memory
+budget, so one child crashing, hanging or being restarted never touches another's requests.
+
+``on_demand`` models: the first request that finds one unloaded asks ``ModelSet.load`` (one lock:
+concurrent requests for the same cold model share one load, and loads never race for memory), then
+waits for READY up to the model's ``load_wait_s`` (a load that fails the child's stall-aware deadline
+is retried by its supervisor within that wait; FAILED ends the wait at once). When the load would not
+fit the budget, the least recently used idle on_demand model is unloaded first; if that is not
+enough the request gets 503 with Retry-After and why. A model whose lane has been idle
+``idle_unload_s`` is stopped by ``ModelSet.run``'s loop; a lane holding or awaiting a slot is never
+idle (``usage``, read from the proxy's lanes).
+
+``ModelSet`` is also the proxy's main ``UpstreamSource``: ready when every ``always`` model is READY,
+and otherwise saying which is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from proxy.errors import NotReady
+from proxy.readiness import UpstreamSnapshot
+from supervisor.budget.plan import MIB
+from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
+from supervisor.child.machine import State
+from supervisor.daemon.prepare import Prepared
+from supervisor.daemon.prepare_models import PreparedModel
+
+log = logging.getLogger("llamagate.models")
+
+# Retry-After of a load refused for memory: about when an idle model may have been unloaded.
+NO_ROOM_RETRY_S = 30.0
+
+# (busy, last used on the monotonic clock) of a model's lane in the proxy.
+Usage = Callable[[str], tuple[bool, float]]
+
+
+class ModelHost:
+    def __init__(
+        self,
+        model: PreparedModel,
+        factory: Callable[[str, Prepared], ChildSupervisor],
+        loader: Callable[[ModelHost], Any],
+    ) -> None:
+        self.served = model.served
+        self.prepared = model.prepared
+        self._factory = factory
+        self._loader = loader
+        self.sup = factory(self.name, self.prepared)
+        self.task: asyncio.Task[None] | None = None
+        self.unloading = False
+        self.loads = 0
+        self.last_load_s: float | None = None
+        self.unloaded_reason = "not loaded: on_demand, loads on its first request"
+        self._changed = asyncio.Event()
+        self.sup.observers.append(self._on_change)
+
+    @property
+    def name(self) -> str:
+        return self.served.name
+
+    @property
+    def required_bytes(self) -> int:
+        return self.prepared.budget.required_bytes
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def _on_change(self, old: State, new: State, reason: str | None) -> None:
+        self._changed.set()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        if self.task is not None:
+            # A stopped machine stays stopped: a new load gets a fresh supervisor (state, backoff).
+            observers, hooks = self.sup.observers, self.sup.tick_hooks
+            self.sup = self._factory(self.name, self.prepared)
+            self.sup.observers.extend(observers)
+            self.sup.tick_hooks.extend(hooks)
+        self.loads += 1
+        self.unloading = False
+        self.task = asyncio.create_task(self.sup.run(), name=f"supervisor:{self.name}")
+
+    async def stop(self, reason: str) -> None:
+        if self.task is None:
+            return
+        self.unloading = True
+        if self.running:
+            await self.sup.stop(reason)
+        with contextlib.suppress(Exception):
+            await self.task
+        self.unloaded_reason = f"unloaded: {reason}"
+        self.unloading = False
+
+    # --- UpstreamSource ------------------------------------------------------------------------------
+    def snapshot(self) -> UpstreamSnapshot:
+        info = {"residency": self.served.residency}
+        if self.running and not self.unloading:
+            snap = self.sup.snapshot()
+            return replace(snap, info={**snap.info, **info})
+        spec = self.prepared.spec
+        return UpstreamSnapshot(
+            state="UNLOADED",
+            ready=False,
+            reason="unloading" if self.unloading else self.unloaded_reason,
+            base_url=None,
+            secret=None,
+            model_alias=spec.alias,
+            slots=spec.slots,
+            ctx_per_slot=spec.ctx_per_slot,
+            generation=self.sup.machine.generation,
+            retry_after_s=self.last_load_s or 5.0,
+            embeddings=spec.embeddings,
+            reranking=spec.reranking,
+            info=info,
+        )
+
+    def identity(self) -> Mapping[str, object]:
+        return {
+            **self.sup.identity(),
+            "residency": self.served.residency,
+            "idle_unload_s": self.served.idle_unload_s,
+            "aliases": list(self.served.aliases),
+            "loaded": self.running and not self.unloading,
+            "loads": self.loads,
+            "last_load_s": self.last_load_s,
+        }
+
+    # --- LoadsOnDemand (proxy.model_router) ----------------------------------------------------------
+    async def ensure_loaded(self) -> None:
+        if not self.served.on_demand:
+            return  # an always model is the supervisor's to bring back; the request sees its state
+        if self.running and not self.unloading and self.sup.state is State.READY:
+            return
+        started = time.monotonic()
+        await self._loader(self)
+        limit = self.served.load_wait_s
+        deadline = started + limit
+        while True:
+            state = self.sup.state
+            if state is State.READY:
+                break
+            if state is State.FAILED or not self.running:
+                why = self.sup.machine.reason or self.unloaded_reason
+                raise NotReady(f"the model '{self.name}' could not be loaded: {why}", None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotReady(
+                    f"the model '{self.name}' is still loading after {limit:g} s (models[].load_wait_s)",
+                    NO_ROOM_RETRY_S,
+                )
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        waited = time.monotonic() - started
+        if waited > 0.05:
+            self.last_load_s = waited
+            log.info(
+                "on_demand model loaded for a request",
+                extra={"fields": {"model": self.name, "wait_s": round(waited, 3)}},
+            )
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.0f} MiB"
+
+
+class ModelSet:
+    """Every model's host; the daemon's ``supervisor`` (run, stop, draining) and the proxy's main
+    source (aggregate readiness; the first ``always`` model answers the admin passthrough routes)."""
+
+    def __init__(self, usable_bytes: int) -> None:
+        self.hosts: dict[str, ModelHost] = {}
+        self.usable_bytes = usable_bytes
+        self.usage: Usage = lambda name: (False, time.monotonic())
+        self.observers: list[StateObserver] = []
+        self.tick_hooks: list[TickHook] = []
+        self.last_reload: str | None = None
+        self._draining = False
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._aggregate = State.STARTING
+
+    # --- membership ----------------------------------------------------------------------------------
+    def add(self, host: ModelHost) -> None:
+        self.hosts[host.name] = host
+        host.sup.draining = self._draining
+        host.sup.observers.append(lambda old, new, reason: self._on_change(host, new, reason))
+
+    @property
+    def primary(self) -> ModelHost:
+        always = [h for h in self.hosts.values() if not h.served.on_demand]
+        return (always or list(self.hosts.values()))[0]
+
+    # --- the daemon's view ---------------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        for host in self.hosts.values():
+            host.sup.draining = value
+
+    @property
+    def served_identity(self) -> Mapping[str, object]:
+        return {"models": ",".join(f"{n}({h.served.residency})" for n, h in self.hosts.items())}
+
+    def child_rss_bytes(self) -> int:
+        return sum(h.sup.child_rss_bytes() or 0 for h in self.hosts.values() if h.running)
+
+    def _on_change(self, host: ModelHost, new: State, reason: str | None) -> None:
+        if host.served.on_demand:
+            return  # an on_demand model's states are its own; readiness and systemd follow the always set
+        not_ready = [
+            h for h in self.hosts.values() if not h.served.on_demand and h.sup.state is not State.READY
+        ]
+        aggregate = (
+            State.READY
+            if not not_ready
+            else (State.FAILED if new is State.FAILED else not_ready[0].sup.state)
+        )
+        if aggregate is not self._aggregate or new is State.FAILED:
+            old, self._aggregate = self._aggregate, aggregate
+            text = f"model '{host.name}': {reason}" if reason else f"model '{host.name}'"
+            for observer in self.observers:
+                observer(old, aggregate, text)
+
+    async def run(self) -> None:
+        for host in self.hosts.values():
+            if not host.served.on_demand:
+                host.start()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                waits = [await self._unload_idle(now)]
+                for hook in self.tick_hooks:
+                    due = hook(now)
+                    if due is not None:
+                        waits.append(due)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), max(0.05, min(waits)))
+        finally:
+            await self._stop_all("stop requested")
+
+    async def stop(self, reason: str = "stop requested") -> None:
+        self._stop.set()
+        await self._stop_all(reason)
+
+    async def _stop_all(self, reason: str) -> None:
+        await asyncio.gather(*(h.stop(reason) for h in self.hosts.values()), return_exceptions=True)
+
+    async def remove(self, name: str, reason: str) -> None:
+        host = self.hosts.pop(name, None)
+        if host is not None:
+            await host.stop(reason)
+
+    # --- on demand -----------------------------------------------------------------------------------
+    async def load(self, host: ModelHost) -> None:
+        async with self._lock:
+            if self._stop.is_set() or self._draining:
+                raise NotReady("the daemon is stopping", None)
+            if host.running and not host.unloading:
+                return
+            await self._make_room(host)
+            log.info("loading on_demand model", extra={"fields": {"model": host.name}})
+            host.start()
+
+    async def _make_room(self, host: ModelHost) -> None:
+        while True:
+            loaded = [h for h in self.hosts.values() if h.running and h is not host]
+            in_use = sum(h.required_bytes for h in loaded)
+            if in_use + host.required_bytes <= self.usable_bytes:
+                return
+            idle = [h for h in loaded if h.served.on_demand and not self.usage(h.name)[0]]
+            if not idle:
+                names = ", ".join(f"{h.name} {_mib(h.required_bytes)}" for h in loaded)
+                raise NotReady(
+                    f"the model '{host.name}' needs {_mib(host.required_bytes)} and does not fit: "
+                    f"{_mib(in_use)} of {_mib(self.usable_bytes)} usable is held by loaded models ({names})"
+                    " and no on_demand model among them is idle",
+                    NO_ROOM_RETRY_S,
+                )
+            lru = min(idle, key=lambda h: self.usage(h.name)[1])
+            log.info(
+                "unloading the least recently used idle model to make room",
+                extra={"fields": {"model": lru.name, "for": host.name}},
+            )
+            await lru.stop(f"made room for '{host.name}'")
+
+    async def _unload_idle(self, now: float) -> float:
+        """Stop on_demand models idle for their ``idle_unload_s``; seconds until the next check."""
+        next_check = 5.0
+        for host in list(self.hosts.values()):
+            limit = host.served.idle_unload_s
+            if limit is None or not host.running or host.unloading:
+                continue
+            busy, last_used = self.usage(host.name)
+            if busy:
+                next_check = min(next_check, max(0.2, limit / 4))
+                continue
+            idle_for = now - last_used
+            if idle_for < limit:
+                next_check = min(next_check, limit - idle_for)
+                continue
+            # Checked and marked in one step (no await between): a request arriving now sees the host
+            # unloading and loads it again after, through the lock.
+            host.unloading = True
+            log.info(
+                "unloading idle model", extra={"fields": {"model": host.name, "idle_s": round(idle_for, 1)}}
+            )
+            async with self._lock:
+                await host.stop(f"idle for {limit:g} s")
+        return next_check
+
+    # --- UpstreamSource (the door's aggregate) -------------------------------------------------------
+    def not_ready(self) -> list[ModelHost]:
+        return [h for h in self.hosts.values() if not h.served.on_demand and not h.snapshot().ready]
+
+    def snapshot(self) -> UpstreamSnapshot:
+        snap = self.primary.snapshot()
+        snap = replace(snap, info={**snap.info, "last_reload": self.last_reload})
+        waiting = self.not_ready()
+        if self._draining:
+            return replace(snap, ready=False, reason="draining: the daemon is stopping")
+        if not waiting:
+            return replace(snap, ready=True, state="READY", reason=None, retry_after_s=0.0)
+        first = waiting[0].snapshot()
+        names = ", ".join(f"'{h.name}'" for h in waiting)
+        why = f"not ready: {names} ({first.state}{': ' + first.reason if first.reason else ''})"
+        return replace(snap, ready=False, state=first.state, reason=why, retry_after_s=first.retry_after_s)
+
+    def identity(self) -> Mapping[str, object]:
+        return {**self.primary.identity(), "models": {n: h.identity() for n, h in self.hosts.items()}}

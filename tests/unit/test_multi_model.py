@@ -1,0 +1,259 @@
+"""Several models: the ``models:`` config and what a single-model config still means, the router's choice
+of model, and the model set's on-demand decisions (room in the budget, idle unload, one shared load),
+with stand-in hosts and no child processes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
+from proxy.model_router import ModelEntry, ModelRouter
+from proxy.settings import TenantSettings
+from supervisor.config.load import parse_config
+from supervisor.config.models import served_models
+from supervisor.config.schema import Config
+from supervisor.daemon.model_hosts import ModelHost, ModelSet
+from supervisor.errors import ConfigError
+from tests.fakes.fake_upstream import StaticSource, snapshot_for
+
+SHA = "a" * 64
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, env={})
+    return list(exc.value.problems)
+
+
+# --- configuration -----------------------------------------------------------------------------------
+def test_the_embedded_default_and_a_llama_section_are_one_always_model() -> None:
+    (only,) = served_models(Config())
+    assert (only.name, only.residency, only.idle_unload_s) == ("gemma-3-270m", "always", None)
+    assert only.cfg == Config()  # the one-model daemon gets its config untouched
+    cfg = parse_config("llama: {model: {alias: mine}, slots: 3}\nproxy: {model_aliases: [other]}\n")
+    (only,) = served_models(cfg)
+    assert (only.name, only.aliases, only.cfg) == ("mine", ("other",), cfg)
+
+
+def test_a_models_entry_is_the_llama_section_with_its_own_fields_over_it() -> None:
+    cfg = parse_config(
+        "llama: {slots: 3, threads: 2, extra_args: [--temp, '0']}\n"
+        "models:\n"
+        f"  - {{name: chat, aliases: [c], path: /m.gguf, sha256: '{SHA}'}}\n"
+        "  - {name: embed, embeddings: true, slots: 1, extra_args: [--pooling, mean],"
+        " residency: on_demand, idle_unload_s: 7}\n",
+        env={},
+    )
+    chat, embed = served_models(cfg)
+    assert (chat.name, chat.aliases, chat.residency, chat.idle_unload_s) == ("chat", ("c",), "always", None)
+    assert chat.cfg.llama.slots == 3 and chat.cfg.llama.extra_args == ("--temp", "0")
+    assert chat.cfg.llama.model.alias == "chat" and str(chat.cfg.llama.model.path) == "/m.gguf"
+    assert chat.cfg.proxy.model_aliases == ("c",) and chat.cfg.models == ()
+    assert (embed.residency, embed.idle_unload_s, embed.on_demand) == ("on_demand", 7.0, True)
+    assert embed.cfg.llama.slots == 1 and embed.cfg.llama.embeddings is True
+    assert embed.cfg.llama.threads == 2 and embed.cfg.llama.extra_args == ("--pooling", "mean")
+
+
+def test_models_problems_are_reported_by_their_path() -> None:
+    assert problems(
+        "proxy: {model_aliases: [x]}\n"
+        "models:\n"
+        "  - {name: chat, aliases: [embed], path: /m.gguf}\n"
+        f"  - {{name: embed, residency: sometimes, slots: 0, sha256: '{SHA}', extra_args: [--port, '1']}}\n"
+        "  - {aliases: [z]}\n"
+        "tenants: [{name: default, models: [chat, nope]}]\n"
+    ) == [
+        "models[1].residency: must be one of always, on_demand (got 'sometimes')",
+        "models[1].slots: must be >= 1",
+        "models[0].sha256: required when models[0].path is set (the file is verified)",
+        "models[1].name: 'embed' already names models[0]",
+        "models[1].sha256: only with models[1].path (the demo model's digest is pinned)",
+        "models[1].extra_args[0]: --port is not allowed: set by the supervisor from the config",
+        "models[2].name: required",
+        "proxy.model_aliases: with models:, give each model its own aliases (models[].aliases)",
+        "tenants[0].models[1]: 'nope' is not a served model (served: chat, embed)",
+    ]
+
+
+# --- routing -----------------------------------------------------------------------------------------
+def router() -> ModelRouter:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.metrics import ProxyMetrics
+    from proxy.runtime import ProxyRuntime
+    from proxy.settings import ProxySettings
+
+    def source() -> StaticSource:
+        return StaticSource(snapshot_for("http://127.0.0.1:1", "s"))
+
+    settings = ProxySettings(tenants=(TenantSettings("t"),), keys=())
+    main = ProxyRuntime(settings, source(), ProxyMetrics(CollectorRegistry()))
+    entries = [
+        ModelEntry("chat", ("c", "gpt"), source()),
+        ModelEntry("embed", (), source(), "on_demand"),
+    ]
+    return ModelRouter(main, entries)
+
+
+def test_the_model_field_picks_a_lane_by_name_or_alias_and_tenants_may_be_limited() -> None:
+    r = router()
+    anyone = TenantSettings("t")
+    assert r.resolve("chat", anyone).name == "chat"
+    assert r.resolve("gpt", anyone).name == "chat"
+    assert r.resolve("embed", anyone).name == "embed"
+    assert r.lanes["chat"].runtime.admission is not r.lanes["embed"].runtime.admission  # a gate each
+    with pytest.raises(ModelNotFound, match="'nope' does not exist; this server serves 'chat', 'embed'"):
+        r.resolve("nope", anyone)
+    with pytest.raises(BadRequest, match="'model' is required"):
+        r.resolve(None, anyone)
+    with pytest.raises(Forbidden, match="tenant 't' may not use the model 'embed'"):
+        r.resolve("embed", TenantSettings("t", models=("chat",)))
+
+
+# --- the model set's on-demand decisions -------------------------------------------------------------
+@dataclass
+class _Served:
+    name: str
+    on_demand: bool = True
+    idle_unload_s: float | None = 10.0
+    residency: str = "on_demand"
+
+
+@dataclass
+class StandIn:
+    """What ``ModelSet`` reads and asks of a host."""
+
+    name: str
+    required_bytes: int
+    on_demand: bool = True
+    running: bool = False
+    unloading: bool = False
+    starts: int = 0
+    stops: list[str] = field(default_factory=list)
+    served: _Served = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.served = _Served(self.name, self.on_demand, 10.0 if self.on_demand else None)
+        self.sup = self
+
+    def start(self) -> None:
+        self.running = True
+        self.starts += 1
+
+    async def stop(self, reason: str) -> None:
+        await asyncio.sleep(0)
+        self.running = False
+        self.unloading = False
+        self.stops.append(reason)
+
+    draining: bool = False
+
+
+def model_set(usable: int, *hosts: StandIn, usage: dict[str, tuple[bool, float]]) -> ModelSet:
+    s = ModelSet(usable)
+    for h in hosts:
+        s.hosts[h.name] = cast(ModelHost, h)
+    s.usage = lambda name: usage.get(name, (False, 0.0))
+    return s
+
+
+async def test_a_load_that_does_not_fit_unloads_the_least_recently_used_idle_model() -> None:
+    always = StandIn("chat", 400, on_demand=False, running=True)
+    old = StandIn("old", 300, running=True)
+    recent = StandIn("recent", 300, running=True)
+    new = StandIn("new", 300)
+    s = model_set(1100, always, old, recent, new, usage={"old": (False, 1.0), "recent": (False, 5.0)})
+    await s.load(cast(ModelHost, new))
+    assert new.running and new.starts == 1
+    assert old.stops == ["made room for 'new'"] and recent.stops == [] and always.stops == []
+
+
+async def test_a_load_with_no_idle_model_to_unload_is_a_503_saying_why() -> None:
+    mib = 1 << 20
+    busy = StandIn("busy", 600 * mib, running=True)
+    new = StandIn("new", 600 * mib)
+    s = model_set(1000 * mib, busy, new, usage={"busy": (True, 0.0)})
+    with pytest.raises(NotReady) as refused:
+        await s.load(cast(ModelHost, new))
+    assert str(refused.value) == (
+        "the model 'new' needs 600 MiB and does not fit: 600 MiB of 1,000 MiB usable is held by loaded"
+        " models (busy 600 MiB) and no on_demand model among them is idle"
+    )
+    assert refused.value.headers.get("retry-after") is not None
+    assert busy.running and not new.running
+
+
+async def test_concurrent_loads_of_one_cold_model_start_it_once() -> None:
+    new = StandIn("new", 1)
+    s = model_set(10, new, usage={})
+    await asyncio.gather(*(s.load(cast(ModelHost, new)) for _ in range(5)))
+    assert new.starts == 1
+
+
+async def test_idle_unload_waits_for_idle_time_and_never_takes_a_busy_model() -> None:
+    idle = StandIn("idle", 1, running=True)
+    busy = StandIn("busy", 1, running=True)
+    always = StandIn("chat", 1, on_demand=False, running=True)
+    usage = {"idle": (False, 100.0), "busy": (True, 0.0), "chat": (False, 0.0)}
+    s = model_set(10, idle, busy, always, usage=usage)
+    assert await s._unload_idle(105.0) == pytest.approx(2.5)  # busy: checked again soon
+    assert idle.stops == [] and idle.running
+    await s._unload_idle(110.0)
+    assert idle.stops == ["idle for 10 s"] and not idle.running
+    assert busy.running and busy.stops == [] and always.running
+
+
+def test_resident_decode_threads_beyond_the_cores_are_warned_about() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.daemon.prepare_models import PreparedModel, thread_warning
+
+    cfg = parse_config(
+        "models: [{name: a, threads: 2}, {name: b, threads: 1},"
+        " {name: c, threads: 4, residency: on_demand}, {name: d, threads: 8, residency: on_demand,"
+        " ctx_per_slot: 256}]\n",
+        env={},
+    )
+
+    def prepared(threads: int, required: int) -> Any:
+        return SimpleNamespace(
+            spec=SimpleNamespace(threads=threads), budget=SimpleNamespace(required_bytes=required)
+        )
+
+    a, b, c, d = served_models(cfg)
+    models = (
+        PreparedModel(a, prepared(2, 10)),
+        PreparedModel(b, prepared(1, 10)),
+        PreparedModel(c, prepared(4, 30)),  # the largest on_demand model: resident with the always ones
+        PreparedModel(d, prepared(8, 20)),
+    )
+    assert thread_warning(models, cores=7) is None
+    assert thread_warning(models, cores=6) == (
+        "the resident children's decode threads add up to 7 (a 2, b 1, c 4) on 6 cores: they compete,"
+        " and every model's time per output token grows; lower models[].threads"
+    )
+
+
+def test_config_check_names_a_models_missing_file_by_its_path(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from supervisor.config.models import as_model_path
+
+    assert as_model_path("llama.model.sha256: differs", 2) == "models[2].sha256: differs"
+    assert as_model_path("something else", 2) == "something else"
+    path = tmp_path / "models.yaml"
+    path.write_text(f"models:\n  - {{name: x, path: {tmp_path}/missing.gguf, sha256: '{SHA}'}}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "config", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"models[0].path: model file not found: {tmp_path}/missing.gguf" in done.stdout + done.stderr
