@@ -43,7 +43,12 @@ def llama_servers(root: int) -> list[psutil.Process]:
     out = []
     for child in children:
         try:
-            if child.name() == "llama-server" and child.status() != psutil.STATUS_ZOMBIE:
+            # A serving llama-server, not a short check run of the binary (`--version`, `--help`).
+            if (
+                child.name() == "llama-server"
+                and child.status() != psutil.STATUS_ZOMBIE
+                and "--port" in child.cmdline()
+            ):
                 out.append(child)
         except psutil.Error:
             continue
