@@ -93,9 +93,12 @@ class Readyz:
             await send_json(send, 200, body)
         else:
             scope[SCOPE_KEY].outcome = "not_ready"  # the access log must not call a failed probe ok
-            headers = NotReady("", snap.retry_after_s).headers
-            if snap.retry_after_s is not None:
-                body["retry_after_s"] = snap.retry_after_s
+            # The child's own estimate (None when FAILED: no retry is coming); when only the door is in
+            # trouble (cap, descriptors), it passes within a second or so, as the door's own 503s say.
+            retry_after_s = snap.retry_after_s if not snap.ready else 1.0
+            headers = NotReady("", retry_after_s).headers
+            if retry_after_s is not None:
+                body["retry_after_s"] = retry_after_s
             extra = [(k.encode(), v.encode()) for k, v in headers.items()]
             await send_json(send, 503, body, extra)
 

@@ -101,6 +101,7 @@ def test_front_door_limits_on_the_real_daemon(daemon_factory: DaemonFactory) -> 
             r = probe.get(f"{d.base_url}/readyz")
             assert r.status_code == 503 and r.json()["ready"] is False
             assert "connection cap" in r.json()["reason"]
+            assert r.headers["retry-after"] == "1"  # as the door's own 503s: a balancer may come back soon
             for _ in range(5):
                 with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
