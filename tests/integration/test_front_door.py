@@ -14,28 +14,12 @@ import socket
 import httpx
 import pytest
 
+from tests.helpers.raw_http import read_until_closed, status_of
 from tests.integration.conftest import DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0
-
-
-def _read_until_closed(s: socket.socket) -> bytes:
-    out = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except ConnectionResetError:
-            return out
-        if not chunk:
-            return out
-        out += chunk
-
-
-def _status(answer: bytes) -> int:
-    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
-    return int(answer[9:12])
 
 
 def test_front_door_limits_on_the_real_daemon(daemon_factory: DaemonFactory) -> None:
@@ -45,23 +29,23 @@ def test_front_door_limits_on_the_real_daemon(daemon_factory: DaemonFactory) -> 
     with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
-        assert _status(_read_until_closed(s)) == 431
+        assert status_of(read_until_closed(s)) == 431
 
     # 100,000 header lines: 431.
     with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n" + b"X-A: b\r\n" * 100_000 + b"\r\n")
-        assert _status(_read_until_closed(s)) == 431
+        assert status_of(read_until_closed(s)) == 431
 
     # An idle connection is closed by the daemon (recv returns before its generous timeout).
     with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
-        assert _read_until_closed(s) == b""
+        assert read_until_closed(s) == b""
 
     # A head that never ends is cut.
     with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n")
-        answer = _read_until_closed(s)
-        assert answer == b"" or _status(answer) == 408
+        answer = read_until_closed(s)
+        assert answer == b"" or status_of(answer) == 408
 
     code, body = d.readyz()
     assert code == 200 and body["ready"] is True
@@ -106,8 +90,8 @@ def test_front_door_limits_on_the_real_daemon(daemon_factory: DaemonFactory) -> 
                 with socket.create_connection(("127.0.0.1", d.port), timeout=WAIT_S) as s:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         s.sendall(b"GET /readyz HTTP/1.1\r\nHost: t\r\n\r\n")
-                    answer = _read_until_closed(s)
-                    assert _status(answer) == 503 and b"too many open connections" in answer
+                    answer = read_until_closed(s)
+                    assert status_of(answer) == 503 and b"too many open connections" in answer
         finally:
             for s in held:
                 s.close()

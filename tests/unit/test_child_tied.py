@@ -41,9 +41,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("on_a_thread", [False, True], ids=["loop-on-main-thread", "loop-on-other-thread"])
-def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
-    script = SCRIPT.replace("ON_A_THREAD", repr(on_a_thread))
+def assert_child_dies_with_sigkilled_parent(script: str) -> None:
+    """Run ``script`` (it prints the pid of the child it started, then waits), SIGKILL it, and see the
+    child go."""
     parent = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
@@ -68,6 +68,11 @@ def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
             parent.stdout.close()
 
 
+@pytest.mark.parametrize("on_a_thread", [False, True], ids=["loop-on-main-thread", "loop-on-other-thread"])
+def test_the_child_dies_with_a_sigkilled_parent(on_a_thread: bool) -> None:
+    assert_child_dies_with_sigkilled_parent(SCRIPT.replace("ON_A_THREAD", repr(on_a_thread)))
+
+
 POPEN_SCRIPT = """
 import threading
 from supervisor.child.spawn import popen_tied
@@ -80,28 +85,7 @@ threading.Event().wait()
 
 def test_a_popen_tied_child_dies_with_a_sigkilled_parent() -> None:
     # What bench uses for its bare llama-servers and private daemons.
-    parent = subprocess.Popen(
-        [sys.executable, "-c", POPEN_SCRIPT],
-        stdout=subprocess.PIPE,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        assert parent.stdout is not None
-        pid = int(parent.stdout.readline())
-        assert not gone(pid)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        deadline = time.monotonic() + 10
-        while not gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gone(pid), "the child outlived its SIGKILLed parent"
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-        if parent.stdout is not None:
-            parent.stdout.close()
+    assert_child_dies_with_sigkilled_parent(POPEN_SCRIPT)
 
 
 def test_popen_tied_refuses_a_thread_that_may_end_before_the_process() -> None:

@@ -26,6 +26,7 @@ import uvicorn
 
 from proxy.door import ForwardedFor, FrontDoor, RateLimitedLog, uvicorn_config
 from proxy.settings import DoorSettings
+from tests.helpers.raw_http import read_until_closed, status_of
 
 WAIT_S = 30.0  # generous: the machine is shared
 
@@ -118,27 +119,10 @@ def serve_door() -> Iterator[Callable[..., Served]]:
             thread.join(WAIT_S)
 
 
-def _read_until_closed(s: socket.socket) -> bytes:
-    out = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except ConnectionResetError:
-            return out
-        if not chunk:
-            return out
-        out += chunk
-
-
 def _send(s: socket.socket, data: bytes) -> None:
     # The server may answer and close before all of a huge head is sent: that is the point.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         s.sendall(data)
-
-
-def _status(answer: bytes) -> int:
-    assert answer.startswith(b"HTTP/1.1 "), answer[:100]
-    return int(answer[9:12])
 
 
 def _get(s: socket.socket, path: str = "/", extra: bytes = b"") -> bytes:
@@ -165,8 +149,8 @@ def test_a_one_mib_header_gets_431_and_is_not_read_whole(serve_door: Callable[..
     served = serve_door()
     with served.connect() as s:
         _send(s, b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
-        answer = _read_until_closed(s)
-    assert _status(answer) == 431
+        answer = read_until_closed(s)
+    assert status_of(answer) == 431
     assert b"request head larger than 32768 bytes" in answer
     assert served.door.refused == {"head_size": 1}
 
@@ -175,8 +159,8 @@ def test_a_hundred_thousand_headers_get_431(serve_door: Callable[..., Served]) -
     served = serve_door()
     with served.connect() as s:
         _send(s, b"GET / HTTP/1.1\r\nHost: t\r\n" + b"X-A: b\r\n" * 100_000 + b"\r\n")
-        answer = _read_until_closed(s)
-    assert _status(answer) == 431
+        answer = read_until_closed(s)
+    assert status_of(answer) == 431
     assert b"more than 100 header lines" in answer
 
 
@@ -194,14 +178,14 @@ def test_many_small_headers_under_the_count_but_over_the_size_get_431(
             + (b"X-B: " + b"c" * 40 + b"\r\n") * 60
             + b"\r\n",
         )
-        assert _status(_read_until_closed(s)) == 431
+        assert status_of(read_until_closed(s)) == 431
 
 
 def test_a_long_request_line_gets_414(serve_door: Callable[..., Served]) -> None:
     served = serve_door()
     with served.connect() as s:
         _send(s, b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n")
-        assert _status(_read_until_closed(s)) == 414
+        assert status_of(read_until_closed(s)) == 414
 
 
 def test_an_ordinary_request_within_the_limits_is_served_and_kept_alive(
@@ -224,7 +208,7 @@ def test_an_upgrade_request_is_served_as_plain_http(serve_door: Callable[..., Se
 def test_a_silent_new_connection_is_closed_after_the_idle_deadline(serve_door: Callable[..., Served]) -> None:
     served = serve_door(keep_alive_timeout_s=0.5)
     with served.connect() as s:
-        assert _read_until_closed(s) == b""  # closed by the server, without a word (nothing was asked)
+        assert read_until_closed(s) == b""  # closed by the server, without a word (nothing was asked)
     assert served.door.open == 0 or _wait(lambda: served.door.open == 0)
 
 
@@ -232,7 +216,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_a_response(serve_door: Ca
     served = serve_door(keep_alive_timeout_s=0.5)
     with served.connect() as s:
         assert _get(s) == b"127.0.0.1"
-        assert _read_until_closed(s) == b""
+        assert read_until_closed(s) == b""
 
 
 def test_a_head_sent_a_byte_at_a_time_is_cut_at_the_head_deadline(serve_door: Callable[..., Served]) -> None:
@@ -262,10 +246,10 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_at_the_head_deadline(serve_door: Ca
         else:
             pytest.fail("the whole slow head was accepted")
         s.settimeout(WAIT_S)
-        answer += _read_until_closed(s)
+        answer += read_until_closed(s)
     # The 408 is written before the close; a byte sent after it may turn the close into a reset that
     # discards it, so either way the connection ended, and the door counted it as a head timeout.
-    assert closed or _status(answer) == 408
+    assert closed or status_of(answer) == 408
     assert served.door.refused == {"head_timeout": 1}
 
 
@@ -290,8 +274,8 @@ def test_over_the_connection_cap_one_503_each_and_a_single_log_line(
         for _ in range(10):
             with served.connect() as s:
                 _send(s, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-                answers.append(_read_until_closed(s))
-        assert [_status(a) for a in answers] == [503] * 10
+                answers.append(read_until_closed(s))
+        assert [status_of(a) for a in answers] == [503] * 10
         assert all(b"retry-after: 1\r\n" in a for a in answers)
         lines = [m for m in served.log.messages if "refusing connections" in m]
         assert len(lines) == 1, served.log.messages
@@ -446,7 +430,7 @@ def test_out_of_file_descriptors_logs_one_line_and_readiness_says_so(tmp_path: P
         with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as late:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 late.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-            answer = _read_until_closed(late)
+            answer = read_until_closed(late)
         assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:200]
     finally:
         for s in held:
