@@ -19,7 +19,6 @@ import dataclasses
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import yaml
 
 from proxy.auth import new_key
 from supervisor.bench.client import Target
-from supervisor.child.spawn import free_port, popen_tied
+from supervisor.child.spawn import free_port, popen_tied, stop_popen
 from supervisor.config.load import parse_config
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import Prepared, prepare
@@ -114,14 +113,7 @@ class Launched:
             return None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        return stop_popen(self.proc, grace_s)
 
 
 def _log_tail(path: Path, chars: int = 3000) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from supervisor.child.spawn import popen_tied
+from supervisor.child.spawn import popen_tied, stop_popen
 from supervisor.errors import StartupError, UsageError
 
 Mode = Literal["balanced", "round-robin"]
@@ -126,14 +126,8 @@ class Nginx:
         return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
     def stop(self, grace_s: float = 10.0) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)  # graceful: finish open requests, then exit
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        # SIGQUIT is nginx's graceful stop: finish open requests, then exit.
+        return stop_popen(self.proc, grace_s, signal.SIGQUIT)
 
 
 def nginx_binary() -> Path | None:

@@ -134,6 +134,20 @@ def popen_tied(argv: Sequence[str | Path], **popen: Any) -> subprocess.Popen[Any
     return subprocess.Popen([str(a) for a in argv], preexec_fn=_die_with_parent(os.getpid()), **popen)
 
 
+def stop_popen(
+    proc: subprocess.Popen[Any], grace_s: float, first: signal.Signals = signal.SIGTERM
+) -> int | None:
+    """Ask a ``popen_tied`` child to stop with ``first``, SIGKILL it after ``grace_s``; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(first)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
 class RealOs:
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> RealChild:
         return RealChild(await spawn_tied(argv, env, cwd))

@@ -105,3 +105,21 @@ def test_popen_tied_refuses_a_thread_that_may_end_before_the_process() -> None:
     worker.start()
     worker.join(30)
     assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+def test_stop_popen_asks_first_then_kills_after_the_grace() -> None:
+    from supervisor.child.spawn import stop_popen
+
+    polite = subprocess.Popen(["/bin/sleep", "300"])
+    assert stop_popen(polite, 10) == -signal.SIGTERM
+    # A child that ignores the first signal is killed once the grace is over.
+    deaf = subprocess.Popen(
+        ["/bin/sh", "-c", "trap '' TERM; echo up; exec /bin/sleep 300"], stdout=subprocess.PIPE
+    )
+    try:
+        assert deaf.stdout is not None and deaf.stdout.readline() == b"up\n"
+        assert stop_popen(deaf, 0.2) == -signal.SIGKILL
+    finally:
+        if deaf.stdout is not None:
+            deaf.stdout.close()
+    assert stop_popen(deaf, 0.2) == -signal.SIGKILL  # already gone: nothing sent, same answer

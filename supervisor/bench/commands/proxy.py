@@ -36,7 +36,7 @@ import httpx
 
 from proxy.auth import new_key
 from supervisor.bench import proxycost as pc
-from supervisor.child.spawn import free_port, popen_tied
+from supervisor.child.spawn import free_port, popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
 from supervisor.interrupts import interruptible
@@ -95,12 +95,7 @@ def _processes() -> Iterator[list[subprocess.Popen[Any]]]:
         yield procs
     finally:
         for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_popen(proc, 10)
 
 
 def _proxy(
