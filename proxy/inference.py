@@ -131,7 +131,9 @@ class Inference:
                 )
             rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
             try:
-                await router.load(lane)
+                # A client that leaves while its model loads ends its wait (the load itself goes on).
+                async with ClientWatch(receive):
+                    await router.load(lane)
                 snap = rt.ready_snapshot()
                 await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
             finally:
@@ -178,20 +180,22 @@ class Inference:
             if tenant.check_prompt_size:
                 # Re-read: the child may have restarted while the body was on its way.
                 await self._check_prompt_size(rt.ready_snapshot(), prompt_payload, ctx.request_id)
-            permit = await rt.admission.acquire(tenant.name, cost.slots)
-            exchange = _Exchange()
-            try:
-                ctx.queue_wait_s = permit.queue_wait_s
-                # The child may have restarted while we queued: never mix its old address and new secret.
-                snap = rt.ready_snapshot()
-                await self._forward(snap, raw, plan, send, watch, ctx, exchange)
-            finally:
-                linger_s = exchange.linger_s()
-                if linger_s > 0:
-                    settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
-                    permit.release(linger_s, settled.wait)
-                else:
-                    permit.release()
+            with rt.totals.hold(tenant, cost.slots):
+                permit = await rt.admission.acquire(tenant.name, cost.slots)
+                exchange = _Exchange()
+                try:
+                    ctx.queue_wait_s = permit.queue_wait_s
+                    # The child may have restarted while we queued: never mix its old address and new
+                    # secret.
+                    snap = rt.ready_snapshot()
+                    await self._forward(snap, raw, plan, send, watch, ctx, exchange)
+                finally:
+                    linger_s = exchange.linger_s()
+                    if linger_s > 0:
+                        settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
+                        permit.release(linger_s, settled.wait)
+                    else:
+                        permit.release()
 
     async def _forward(
         self,

@@ -4,7 +4,8 @@ sharing the door's keys, tenants and upstream connection pool.
 
 Tenants' limits (``max_concurrency``, ``max_queue``, ...) apply per model: each lane's gate keeps
 its own count per tenant, so a tenant may hold ``max_concurrency`` slots of every model it uses at
-once. ``tenants[].models`` restricts which models a tenant may use at all.
+once; ``max_concurrency_total`` bounds the sum over every lane (``proxy.tenant_totals``, one ledger
+shared by the lanes). ``tenants[].models`` restricts which models a tenant may use at all.
 
 A lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that finds it
 unloaded; the wait happens before admission and counts toward the request's time to first token.
@@ -79,6 +80,7 @@ class ModelRouter:
     def add(self, entry: ModelEntry) -> Lane:
         runtime = ProxyRuntime(_lane_settings(self.main.settings, entry), entry.source, self.main.metrics)
         runtime.upstream = self.main.upstream  # one connection pool; it is keyed by the child's address
+        runtime.totals = self.main.totals  # tenants[].max_concurrency_total counts across every model
         lane = Lane(entry, runtime)
         self.lanes[entry.name] = lane
         return lane

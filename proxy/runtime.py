@@ -21,6 +21,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.readiness import UpstreamSnapshot, UpstreamSource
 from proxy.settings import ProxySettings, TenantSettings
 from proxy.settings import Scope as KeyScope
+from proxy.tenant_totals import TenantTotals
 from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class ProxyRuntime:
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
         # Several models (``proxy.model_router``): set by the daemon; None serves the one ``source``.
         self.router: ModelRouter | None = None
+        # A tenant's slots across every model; the router gives each model's lane the door's own.
+        self.totals = TenantTotals()
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:

@@ -49,6 +49,8 @@ class TenantSettings:
     cache_prompt: bool = True
     # Names of the models this tenant may use (several-model daemons); empty: every model.
     models: tuple[str, ...] = ()
+    # Slots held or awaited across every model at once (``proxy.tenant_totals``); None: no total.
+    max_concurrency_total: int | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                 show_cache_details=t.show_cache_details,
                 cache_prompt=t.cache_prompt,
                 models=t.models,
+                max_concurrency_total=t.max_concurrency_total,
             )
             for t in cfg.tenants
         ),

@@ -287,6 +287,9 @@ class TenantConfig:
     )
     cache_prompt: bool = setting(True, "false: force cache_prompt false (strict cache isolation)")
     models: tuple[str, ...] = setting((), "names of models (models[].name) this tenant may use; [] = all")
+    max_concurrency_total: int | None = setting(
+        None, "slots this tenant may hold or wait for across all models at once; null = no total", at_least(1)
+    )
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,11 @@ class ModelHost:
         if self.running and not self.unloading and self.sup.state is State.READY:
             return
         started = time.monotonic()
-        await self._loader(self)
+        # Shielded: a waiting client that leaves cancels its wait, never the load (or the unload of an
+        # idle model that makes room for it) half done; other requests may be waiting on the same load.
+        loading = asyncio.ensure_future(self._loader(self))
+        loading.add_done_callback(_retrieve)  # its refusal reaches the waiter, or nobody if it left
+        await asyncio.shield(loading)
         limit = self.served.load_wait_s
         deadline = started + limit
         while True:
@@ -171,6 +175,11 @@ class ModelHost:
                 "on_demand model loaded for a request",
                 extra={"fields": {"model": self.name, "wait_s": round(waited, 3)}},
             )
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _mib(n: int) -> str:

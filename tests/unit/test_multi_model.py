@@ -257,3 +257,28 @@ def test_config_check_names_a_models_missing_file_by_its_path(tmp_path: Any) -> 
     )
     assert done.returncode == 2
     assert f"models[0].path: model file not found: {tmp_path}/missing.gguf" in done.stdout + done.stderr
+
+
+async def test_a_waiter_that_leaves_never_cancels_the_load_it_started() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.child.machine import State
+
+    started, gate, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def loader(host: Any) -> None:
+        started.set()
+        await gate.wait()  # e.g. an idle model being unloaded to make room
+        done.set()
+
+    sup = SimpleNamespace(observers=[], state=State.STARTING)
+    served = _Served("cold")
+    model = SimpleNamespace(served=served, prepared=SimpleNamespace())
+    host = ModelHost(cast(Any, model), lambda name, prepared: cast(Any, sup), loader)
+    waiter = asyncio.create_task(host.ensure_loaded())
+    await asyncio.wait_for(started.wait(), 5)
+    waiter.cancel()  # the client left
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    gate.set()
+    await asyncio.wait_for(done.wait(), 5)  # the load went on for whoever asks next
