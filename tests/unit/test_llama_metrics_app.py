@@ -84,7 +84,7 @@ async def test_admin_metrics_serve_proxy_and_relabeled_llama_series(served) -> N
     text = response.text
     assert 'llamacpp_tokens_predicted_total{instance="gate-1:8080",model="gemma-3-270m"} 32.0' in text
     assert "llamagate_upstream_scrape_ok 1.0" in text
-    assert 'llamagate_requests_total{route="/metrics",status="200",tenant="ops"} 1.0' in text
+    assert 'llamagate_requests_total{model="-",route="/metrics",status="200",tenant="ops"} 1.0' in text
     result = check_metrics(response.content)
     assert result.returncode == 0, result.stdout + result.stderr
 
