@@ -209,7 +209,9 @@ def test_prometheus_scrapes_proxy_llama_and_supervisor_series(
     # Our instance label is kept by Prometheus as exported_instance (the target's instance wins).
     assert series["metric"]["exported_instance"].endswith(f":{daemon.port}")
 
-    assert prom.value('llamagate_child_state{state="READY"}') == 1, daemon.log_text()[-3000:]
+    assert prom.value(f'llamagate_child_state{{model="{MODEL}", state="READY"}}') == 1, daemon.log_text()[
+        -3000:
+    ]
     assert prom.value('llamagate_child_state{state="FAILED"}') == 0
     assert prom.value(f'llamagate_served_info{{model="{MODEL}", slots="2", ctx_per_slot="4096"}}') == 1
     assert prom.value('up{job="llamagate"}') == 1, targets(prom)
