@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
+from proxy.admission import Admission
 from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
 from proxy.cors import CorsMiddleware
 from proxy.endpoints import routes as table_routes
@@ -91,7 +92,15 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = ProxyMetrics(registry)
     runtime = ProxyRuntime(settings, upstream, metrics)
-    registry.register(AdmissionCollector(runtime.admission))
+
+    def gates() -> dict[str, Admission]:
+        # Several models: every lane's own gate (the door's is unused); one model: its one gate.
+        router = runtime.router
+        if router is None:
+            return {runtime.source.snapshot().model_alias: runtime.admission}
+        return {name: lane.runtime.admission for name, lane in router.lanes.items()}
+
+    registry.register(AdmissionCollector(gates))
     for collector in extra_collectors:
         registry.register(collector)
         if isinstance(collector, Refreshable):
@@ -101,6 +110,7 @@ def create_app(
         reason = ctx.outcome[9:] if ctx.outcome.startswith("rejected:") else None
         metrics.observe_request(
             ctx.tenant or "-",
+            ctx.model or "-",
             ctx.route,
             ctx.status,
             duration_s,

@@ -36,6 +36,7 @@ class RequestContext:
         "client_host",
         "content_length",
         "key_id",
+        "model",
         "outcome",
         "queue_wait_s",
         "raw_send",
@@ -59,6 +60,9 @@ class RequestContext:
         self.client_host: str | None = None
         self.tenant: str | None = None
         self.key_id: str | None = None
+        # The served model the request reached (a lane's name or the one model's alias), never the
+        # client's raw ``model`` string: it is a metrics label, so its values must stay bounded.
+        self.model: str | None = None
         self.route = "unmatched"
         self.status = 0
         self.response_started = False

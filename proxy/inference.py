@@ -113,7 +113,10 @@ class Inference:
         tenant = rt.tenant(principal.tenant)
         router = rt.router
         if router is None:
-            snap = rt.ready_snapshot()
+            snap = rt.snapshot()
+            ctx.model = snap.model_alias  # the one served model: the same label as with several
+            if not snap.ready or snap.base_url is None:
+                snap = rt.ready_snapshot()  # raises NotReady saying why
             if self.needs is not None and not getattr(snap, self.needs, False):
                 raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
             raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
@@ -123,6 +126,7 @@ class Inference:
             raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
             payload = bodies.parse_object(raw)
             lane = router.resolve(payload.get("model"), tenant)
+            ctx.model = lane.name
             rt = lane.runtime
             lane.touch()
             if self.needs is not None and not getattr(rt.snapshot(), self.needs, False):

@@ -182,13 +182,13 @@ class LlamaServerMetrics(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Only the fixed families: the upstream ones are whatever llama-server serves.
-        return _status_families(None)
+        return _status_families(None, None)
 
     def collect(self) -> Iterator[Metric]:
         last = self._last
         if last is not None:
             yield from last.families
-        yield from _status_families(last)
+        yield from _status_families(last, self._snapshot().model_alias)
 
     async def aclose(self) -> None:
         if self._inflight is not None:
@@ -196,15 +196,21 @@ class LlamaServerMetrics(Collector):
         await self._client.aclose()
 
 
-def _status_families(last: Scrape | None) -> Iterator[Metric]:
+def _status_families(last: Scrape | None, model: str | None) -> Iterator[Metric]:
+    """The fetch's status, labelled with the served model's alias as a several-model daemon labels each
+    model's (``proxy.llama_metrics_models``): one set of rules reads both. ``model`` None: names only."""
     ok = GaugeMetricFamily(
         "llamagate_upstream_scrape_ok",
         "1 when the last fetch of llama-server's /metrics succeeded (its llamacpp_* series are then served)",
+        labels=["model"],
     )
-    ok.add_metric([], 1.0 if last is not None and last.ok else 0.0)
     duration = GaugeMetricFamily(
-        "llamagate_upstream_scrape_duration_seconds", "Duration of the last fetch of llama-server's /metrics"
+        "llamagate_upstream_scrape_duration_seconds",
+        "Duration of the last fetch of llama-server's /metrics",
+        labels=["model"],
     )
-    duration.add_metric([], last.duration_s if last is not None else 0.0)
+    if model is not None:
+        ok.add_metric([model], 1.0 if last is not None and last.ok else 0.0)
+        duration.add_metric([model], last.duration_s if last is not None else 0.0)
     yield ok
     yield duration

@@ -13,7 +13,7 @@ collector), so the request path pays nothing for them and they can never drift f
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -37,32 +37,47 @@ class Refreshable(Protocol):
     async def refresh(self) -> None: ...
 
 
+# Each served model's admission gate by model name, read at every scrape (models come and go on SIGHUP).
+Gates = Callable[[], Mapping[str, Admission]]
+
+
 class AdmissionCollector(Collector):
-    def __init__(self, admission: Admission) -> None:
-        self._admission = admission
+    """The gates' figures by model: one model's daemon has one gate, a several-model daemon one per lane
+    (``proxy.model_router``)."""
+
+    def __init__(self, gates: Gates) -> None:
+        self._gates = gates
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
-            "llamagate_in_flight_requests", "Requests holding a slot permit, by tenant", labels=["tenant"]
+            "llamagate_in_flight_requests",
+            "Requests holding a slot permit, by model and tenant",
+            labels=["model", "tenant"],
         )
         queued = GaugeMetricFamily(
-            "llamagate_queued_requests", "Requests waiting for a slot permit, by tenant", labels=["tenant"]
+            "llamagate_queued_requests",
+            "Requests waiting for a slot permit, by model and tenant",
+            labels=["model", "tenant"],
         )
-        for load in self._admission.loads():
-            in_flight.add_metric([load.name], load.in_flight)
-            queued.add_metric([load.name], load.queued)
-        yield in_flight
-        yield queued
         capacity = GaugeMetricFamily(
-            "llamagate_slots", "Slot permits the gate hands out (the child's slot count)"
+            "llamagate_slots",
+            "Slot permits the gate hands out (the child's slot count), by model",
+            labels=["model"],
         )
-        capacity.add_metric([], self._admission.capacity)
-        yield capacity
         lingering = GaugeMetricFamily(
             "llamagate_lingering_slots",
             "Slots held back after an abandoned request until the child has noticed the closed connection",
+            labels=["model"],
         )
-        lingering.add_metric([], self._admission.lingering)
+        for model, admission in self._gates().items():
+            for load in admission.loads():
+                in_flight.add_metric([model, load.name], load.in_flight)
+                queued.add_metric([model, load.name], load.queued)
+            capacity.add_metric([model], admission.capacity)
+            lingering.add_metric([model], admission.lingering)
+        yield in_flight
+        yield queued
+        yield capacity
         yield lingering
 
 
@@ -74,44 +89,47 @@ class ProxyMetrics:
         self.registry = registry
         self.requests = Counter(
             "llamagate_requests",
-            "Requests answered, by tenant, route and status",
-            ["tenant", "route", "status"],
+            "Requests answered, by tenant, model, route and status",
+            ["tenant", "model", "route", "status"],
             registry=registry,
         )
         self.rejections = Counter(
             "llamagate_rejections",
-            "Requests refused, by tenant and reason",
-            ["tenant", "reason"],
+            "Requests refused, by tenant, model and reason",
+            ["tenant", "model", "reason"],
             registry=registry,
         )
         self.output_tokens = Counter(
-            "llamagate_output_tokens", "Generated tokens relayed, by tenant", ["tenant"], registry=registry
+            "llamagate_output_tokens",
+            "Generated tokens relayed, by tenant and model",
+            ["tenant", "model"],
+            registry=registry,
         )
         self.ttft = Histogram(
             "llamagate_time_to_first_token_seconds",
-            "Arrival to first generated token, queue wait included, by tenant",
-            ["tenant"],
+            "Arrival to first generated token, queue wait included, by tenant and model",
+            ["tenant", "model"],
             buckets=TTFT_BUCKETS,
             registry=registry,
         )
         self.tpot = Histogram(
             "llamagate_time_per_output_token_seconds",
-            "Mean time between generated tokens of a stream, by tenant",
-            ["tenant"],
+            "Mean time between generated tokens of a stream, by tenant and model",
+            ["tenant", "model"],
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
         self.queue_wait = Histogram(
             "llamagate_queue_wait_seconds",
-            "Time waiting for a slot permit, by tenant",
-            ["tenant"],
+            "Time waiting for a slot permit, by tenant and model",
+            ["tenant", "model"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
         self.duration = Histogram(
             "llamagate_request_duration_seconds",
-            "Arrival to last byte, by tenant",
-            ["tenant"],
+            "Arrival to last byte, by tenant and model",
+            ["tenant", "model"],
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
@@ -129,6 +147,7 @@ class ProxyMetrics:
     def observe_request(
         self,
         tenant: str,
+        model: str,
         route: str,
         status: int,
         duration_s: float,
@@ -138,18 +157,18 @@ class ProxyMetrics:
         tpot_s: float | None,
         tokens: int,
     ) -> None:
-        self._child(self.requests, tenant, route, str(status)).inc()
-        self._child(self.duration, tenant).observe(duration_s)
+        self._child(self.requests, tenant, model, route, str(status)).inc()
+        self._child(self.duration, tenant, model).observe(duration_s)
         if reason is not None:
-            self._child(self.rejections, tenant, reason).inc()
+            self._child(self.rejections, tenant, model, reason).inc()
         if queue_wait_s is not None:
-            self._child(self.queue_wait, tenant).observe(queue_wait_s)
+            self._child(self.queue_wait, tenant, model).observe(queue_wait_s)
         if ttft_s is not None:
-            self._child(self.ttft, tenant).observe(ttft_s)
+            self._child(self.ttft, tenant, model).observe(ttft_s)
         if tpot_s is not None:
-            self._child(self.tpot, tenant).observe(tpot_s)
+            self._child(self.tpot, tenant, model).observe(tpot_s)
         if tokens:
-            self._child(self.output_tokens, tenant).inc(tokens)
+            self._child(self.output_tokens, tenant, model).inc(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

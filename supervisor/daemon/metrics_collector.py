@@ -4,8 +4,10 @@ Nothing here is updated on the supervisor's path: every value is read from the s
 memory budget, the identity record and the child process (psutil) when Prometheus asks, so the series
 can never drift from the truth and the supervisor pays nothing between scrapes.
 
-The collector reads the driver (``SupervisorView``): the machine's state, restarts and failures, the
-driver's load and readiness times, the child's figures, the memory budget and the identity.
+The collector reads each served model's driver (``SupervisorView``): the machine's state, restarts and
+failures, the driver's load and readiness times, the child's figures, the memory budget and the identity.
+Every series but the host's memory carries the model's name as ``model``: one family per name with one
+sample set per model, for one model's daemon (its alias) as for a several-model one.
 """
 
 from __future__ import annotations
@@ -94,101 +96,165 @@ class SupervisorView(Protocol):
     def identity(self) -> Mapping[str, object]: ...
 
 
+@dataclass(frozen=True)
+class ModelView:
+    """One served model as the collector sees it: its driver, and for an ``on_demand`` model whether a
+    child is loaded (an unloaded one has none: its state reads ``UNLOADED``)."""
+
+    view: SupervisorView
+    on_demand: bool = False
+    loaded: bool = True
+
+
+# The served models by name, read at every scrape: a several-model daemon's models come and go on SIGHUP
+# and a model reloaded on demand gets a new driver.
+Views = Callable[[], Mapping[str, ModelView]]
+UNLOADED = "UNLOADED"
+_PARTS = ("weights", "kv", "runtime", "prompt_cache", "checkpoint")
+
+
 class SupervisorCollector(Collector):
-    def __init__(self, view: SupervisorView, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._view = view
-        self._clock = clock  # the driver's clock: ready_since is on it
-        self._process: psutil.Process | None = None
-        # The identity changes only when a new child is spawned with new settings; read it once per boot.
-        self._served: tuple[int, ServedLabels] | None = None
+    """Every series carries the served model's name as ``model`` (one model's daemon: its alias), so one
+    set of rules and dashboards reads both kinds of daemon; the host's own figures carry none."""
+
+    def __init__(self, views: Views, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._views = views
+        self._clock = clock  # the drivers' clock: ready_since is on it
+        self._processes: dict[str, psutil.Process] = {}
+        # The identity changes only when a new child is spawned with new settings; read it once per boot
+        # (per driver and generation).
+        self._served: dict[str, tuple[SupervisorView, int, ServedLabels]] = {}
+
+    @classmethod
+    def single(
+        cls, view: SupervisorView, model: Callable[[], str], *, clock: Callable[[], float] = time.monotonic
+    ) -> SupervisorCollector:
+        """One model's daemon: its one driver under the served alias (read at scrape time)."""
+        return cls(lambda: {model(): ModelView(view)}, clock=clock)
 
     def collect(self) -> Iterator[Metric]:
-        m = self._view.machine
-        yield from self._state(m)
-        yield from self._child()
-        yield from self._memory()
+        views = dict(self._views())
+        for gone in [n for n in self._served if n not in views]:
+            del self._served[gone]
+        for gone in [n for n in self._processes if n not in views]:
+            del self._processes[gone]
+        yield from self._state(views)
+        yield from self._child(views)
+        yield from self._memory(views)
         info = InfoMetricFamily(
             "llamagate_served", "What is served: llama.cpp build, binary, model, capacity"
         )
-        if self._served is None or self._served[0] != m.generation:
-            self._served = (m.generation, ServedLabels.from_identity(self._view.identity()))
-        info.add_metric([], vars(self._served[1]))
+        for name, mv in views.items():
+            info.add_metric([], vars(self._served_labels(name, mv.view)))
         yield info
 
-    def _state(self, m: Machine) -> Iterator[Metric]:
+    def _served_labels(self, name: str, view: SupervisorView) -> ServedLabels:
+        generation = view.machine.generation
+        cached = self._served.get(name)
+        if cached is None or cached[0] is not view or cached[1] != generation:
+            cached = self._served[name] = (view, generation, ServedLabels.from_identity(view.identity()))
+        return cached[2]
+
+    def _state(self, views: Mapping[str, ModelView]) -> Iterator[Metric]:
         state = GaugeMetricFamily(
             "llamagate_child_state",
-            "1 for the child's current supervisor state, 0 for the others",
-            labels=["state"],
+            "1 for the child's current supervisor state, 0 for the others, by model"
+            " (UNLOADED: an on_demand model with no child)",
+            labels=["model", "state"],
         )
-        for s in State:
-            state.add_metric([s.value], 1.0 if m.state is s else 0.0)
-        yield state
-        restarts = CounterMetricFamily("llamagate_child_restarts", "Child starts after the first, any reason")
-        restarts.add_metric([], m.restarts)
-        yield restarts
+        restarts = CounterMetricFamily(
+            "llamagate_child_restarts", "Child starts after the first, any reason", labels=["model"]
+        )
         failures = CounterMetricFamily(
             "llamagate_child_failures",
             "Unplanned child stops, by cause (each is followed by a restart or FAILED)",
-            labels=["cause"],
+            labels=["model", "cause"],
         )
-        for cause in sorted({*FAILURE_CAUSES, *m.failures}):
-            failures.add_metric([cause], m.failures.get(cause, 0))
-        yield failures
-        since = self._view.ready_since
-        yield _gauge(
+        ready = GaugeMetricFamily(
             "llamagate_child_ready_seconds",
             "Seconds since the child passed the readiness gate (0 when not ready)",
-            0.0 if since is None else max(0.0, self._clock() - since),
+            labels=["model"],
         )
-        load = self._view.load_seconds
-        if load is not None:
-            yield _gauge(
-                "llamagate_child_load_duration_seconds", "Spawn to READY of the last successful load", load
-            )
+        load = GaugeMetricFamily(
+            "llamagate_child_load_duration_seconds",
+            "Spawn to READY of the last successful load",
+            labels=["model"],
+        )
+        now = self._clock()
+        for name, mv in views.items():
+            m = mv.view.machine
+            unloaded = mv.on_demand and not mv.loaded
+            for s in State:
+                state.add_metric([name, s.value], 1.0 if m.state is s and not unloaded else 0.0)
+            if mv.on_demand:
+                state.add_metric([name, UNLOADED], 1.0 if unloaded else 0.0)
+            restarts.add_metric([name], m.restarts)
+            for cause in sorted({*FAILURE_CAUSES, *m.failures}):
+                failures.add_metric([name, cause], m.failures.get(cause, 0))
+            since = mv.view.ready_since
+            ready.add_metric([name], 0.0 if since is None or unloaded else max(0.0, now - since))
+            seconds = mv.view.load_seconds
+            if seconds is not None:
+                load.add_metric([name], seconds)
+        yield from (state, restarts, failures, ready)
+        if load.samples:
+            yield load
 
-    def _child(self) -> Iterator[Metric]:
-        rss, cpu, threads = self._view.child_rss_bytes(), self._view.child_cpu_seconds(), self._threads()
-        # Each is None when there is no child or it exited between two reads: absent, never an error.
-        if rss is not None:
-            yield _gauge("llamagate_child_resident_memory_bytes", "Resident memory of llama-server", rss)
-        if cpu is not None:
-            cpu_seconds = CounterMetricFamily(
-                "llamagate_child_cpu_seconds", "CPU time of llama-server, user + system"
-            )
-            cpu_seconds.add_metric([], cpu)
-            yield cpu_seconds
-        if threads is not None:
-            yield _gauge("llamagate_child_threads", "Threads of llama-server", threads)
+    def _child(self, views: Mapping[str, ModelView]) -> Iterator[Metric]:
+        rss_family = GaugeMetricFamily(
+            "llamagate_child_resident_memory_bytes", "Resident memory of llama-server", labels=["model"]
+        )
+        cpu_family = CounterMetricFamily(
+            "llamagate_child_cpu_seconds", "CPU time of llama-server, user + system", labels=["model"]
+        )
+        threads_family = GaugeMetricFamily(
+            "llamagate_child_threads", "Threads of llama-server", labels=["model"]
+        )
+        for name, mv in views.items():
+            view = mv.view
+            rss, cpu, threads = view.child_rss_bytes(), view.child_cpu_seconds(), self._threads(name, view)
+            # Each is None when there is no child or it exited between two reads: absent, never an error.
+            if rss is not None:
+                rss_family.add_metric([name], rss)
+            if cpu is not None:
+                cpu_family.add_metric([name], cpu)
+            if threads is not None:
+                threads_family.add_metric([name], threads)
+        yield from (f for f in (rss_family, cpu_family, threads_family) if f.samples)
 
-    def _threads(self) -> int | None:
-        pid = self._view.child_pid
+    def _threads(self, name: str, view: SupervisorView) -> int | None:
+        pid = view.child_pid
         if pid is None:
-            self._process = None
+            self._processes.pop(name, None)
             return None
         try:
-            if self._process is None or self._process.pid != pid:
-                self._process = psutil.Process(pid)
-            return self._process.num_threads()
+            process = self._processes.get(name)
+            if process is None or process.pid != pid:
+                process = self._processes[name] = psutil.Process(pid)
+            return process.num_threads()
         except psutil.Error:
-            self._process = None
+            self._processes.pop(name, None)
             return None
 
-    def _memory(self) -> Iterator[Metric]:
-        budget = self._view.budget or {}
+    def _memory(self, views: Mapping[str, ModelView]) -> Iterator[Metric]:
         parts = GaugeMetricFamily(
             "llamagate_memory_budget_bytes",
-            "Planned memory of the child by part (their sum is what the budget check required)",
-            labels=["part"],
+            "Planned memory of the child by part (their sum is what the budget check required), by model",
+            labels=["model", "part"],
         )
-        for part in ("weights", "kv", "runtime", "prompt_cache", "checkpoint"):
-            value = budget.get(f"{part}_bytes")
-            if isinstance(value, int):
-                parts.add_metric([part], value)
+        headroom: int | None = None
+        for name, mv in views.items():
+            budget = mv.view.budget or {}
+            for part in _PARTS:
+                value = budget.get(f"{part}_bytes")
+                if isinstance(value, int):
+                    parts.add_metric([name, part], value)
+            kept = budget.get("headroom_bytes")
+            if headroom is None and isinstance(kept, int):
+                headroom = kept  # the host's, the same in every model's budget: exported once
         if parts.samples:
             yield parts
-        headroom = budget.get("headroom_bytes")
-        if isinstance(headroom, int):
+        if headroom is not None:
             yield _gauge(
                 "llamagate_memory_headroom_bytes", "Memory the budget keeps free on the host", headroom
             )

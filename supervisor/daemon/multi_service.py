@@ -32,6 +32,7 @@ from supervisor.config.load import load_config
 from supervisor.config.models import ServedModel, is_multi, served_models
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.config.schema import Config
+from supervisor.daemon.metrics_collector import ModelView, SupervisorCollector
 from supervisor.daemon.model_hosts import ModelHost, ModelSet
 from supervisor.daemon.observability import Observability, instance_label
 from supervisor.daemon.prepare import Prepared
@@ -78,7 +79,9 @@ class MultiDaemon(Daemon):
         self.observability = Observability(cfg, self.models.primary.sup)
         # llama-server's series from every model's child, each with its model label.
         self.observability.llama = ModelsLlamaMetrics(self._snapshots, instance_label(cfg))  # type: ignore[assignment]
-        self.observability.collectors = (self.observability.collectors[0], self.observability.llama)
+        # The supervisor's series of every model, each with its model label.
+        supervisor_series = SupervisorCollector(self._views, clock=self.child_os.now)
+        self.observability.collectors = (supervisor_series, self.observability.llama)
         self.app = create_app(
             proxy_settings(cfg, self.generated_keys),
             self.models,
@@ -116,6 +119,13 @@ class MultiDaemon(Daemon):
     def _snapshots(self) -> dict[str, Callable[[], UpstreamSnapshot]]:
         # By name, not the host object: a model whose settings changed gets a new host of the same name.
         return {name: functools.partial(self._snapshot_of, name) for name in self.models.hosts}
+
+    def _views(self) -> dict[str, ModelView]:
+        # Read at every scrape: the set changes on SIGHUP and a host gets a new driver at each load.
+        return {
+            name: ModelView(host.sup, on_demand=host.served.on_demand, loaded=host.running)
+            for name, host in self.models.hosts.items()
+        }
 
     def _snapshot_of(self, name: str) -> UpstreamSnapshot:
         return self.models.hosts[name].snapshot()

@@ -13,6 +13,7 @@ import logging
 import socket
 
 import uvicorn
+from prometheus_client.registry import Collector
 
 from proxy.door import FrontDoor, uvicorn_config
 from proxy.llama_metrics import LlamaServerMetrics
@@ -35,7 +36,10 @@ class Observability:
     def __init__(self, cfg: Config, supervisor: ChildSupervisor) -> None:
         self.cfg = cfg
         self.llama = LlamaServerMetrics(supervisor.snapshot, instance_label(cfg))
-        self.collectors = (SupervisorCollector(supervisor, clock=supervisor.os.now), self.llama)
+        supervisor_series = SupervisorCollector.single(
+            supervisor, lambda: supervisor.template.alias, clock=supervisor.os.now
+        )
+        self.collectors: tuple[Collector, ...] = (supervisor_series, self.llama)
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -78,7 +78,10 @@ async def full_exposition() -> str:
     app = create_app(
         ProxySettings(tenants=(TenantSettings("ops"),), keys=(admin,)),
         driver,
-        extra_collectors=[SupervisorCollector(driver, clock=lambda: 2.0), llama],
+        extra_collectors=[
+            SupervisorCollector.single(driver, lambda: "gemma-3-270m", clock=lambda: 2.0),
+            llama,
+        ],
     )
     headers = {"authorization": f"Bearer {admin_key}"}
     try:

@@ -34,7 +34,11 @@ def ttft_count(d: Daemon) -> float:
         trust_env=False,
     )
     r.raise_for_status()
-    m = re.search(r'^llamagate_time_to_first_token_seconds_count\{tenant="default"\} (\S+)$', r.text, re.M)
+    m = re.search(
+        r'^llamagate_time_to_first_token_seconds_count\{model="[^"-][^"]*",tenant="default"\} (\S+)$',
+        r.text,
+        re.M,
+    )
     return float(m.group(1)) if m else 0.0
 
 

@@ -209,7 +209,9 @@ def test_prometheus_scrapes_proxy_llama_and_supervisor_series(
     # Our instance label is kept by Prometheus as exported_instance (the target's instance wins).
     assert series["metric"]["exported_instance"].endswith(f":{daemon.port}")
 
-    assert prom.value('llamagate_child_state{state="READY"}') == 1, daemon.log_text()[-3000:]
+    assert prom.value(f'llamagate_child_state{{model="{MODEL}", state="READY"}}') == 1, daemon.log_text()[
+        -3000:
+    ]
     assert prom.value('llamagate_child_state{state="FAILED"}') == 0
     assert prom.value(f'llamagate_served_info{{model="{MODEL}", slots="2", ctx_per_slot="4096"}}') == 1
     assert prom.value('up{job="llamagate"}') == 1, targets(prom)
@@ -230,11 +232,14 @@ def test_prometheus_scrapes_proxy_llama_and_supervisor_series(
     )
     assert response.status_code == 200
     samples = samples_of(response.text)
-    assert samples[("llamagate_child_state", (("state", "READY"),))] == 0
-    assert samples[("llamagate_child_failures_total", (("cause", "exit"),))] == 1
-    assert samples[("llamagate_upstream_scrape_ok", ())] == 0
+    assert samples[("llamagate_child_state", (("model", MODEL), ("state", "READY")))] == 0
+    assert samples[("llamagate_child_failures_total", (("cause", "exit"), ("model", MODEL)))] == 1
+    assert samples[("llamagate_upstream_scrape_ok", (("model", MODEL),))] == 0
     assert not [name for name, _ in samples if name.startswith("llamacpp_")]
-    assert samples[("llamagate_time_to_first_token_seconds_count", (("tenant", "default"),))] == 3
+    assert (
+        samples[("llamagate_time_to_first_token_seconds_count", (("model", MODEL), ("tenant", "default")))]
+        == 3
+    )
     assert check_metrics(response.content).returncode == 0
     wait_for(
         "Prometheus to record the child's failure",
@@ -251,7 +256,7 @@ def test_promtool_accepts_the_daemon_metrics_on_both_listeners(daemon_factory: D
     local = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics")
     for response in (main, local):
         assert response.status_code == 200
-        assert samples_of(response.text)[("llamagate_upstream_scrape_ok", ())] == 1
+        assert samples_of(response.text)[("llamagate_upstream_scrape_ok", (("model", MODEL),))] == 1
         result = check_metrics(response.content)
         assert result.returncode == 0, result.stdout + result.stderr
     # Same registry: the relabeled upstream series and the proxy's own.

@@ -180,7 +180,8 @@ async def test_fetch_sends_the_boot_secret_and_serves_relabeled_series(
     assert upstream.calls[0].headers["authorization"] == "Bearer boot-secret"
     ours = served(render(collector))
     assert ours["llamacpp_tokens_predicted_total"] == ("counter", LABELS, 32.0)
-    assert ours["llamagate_upstream_scrape_ok"][2] == 1.0
+    # The fetch's status carries the served alias, as each model's does in a several-model daemon.
+    assert ours["llamagate_upstream_scrape_ok"] == ("gauge", {"model": "gemma-3-270m"}, 1.0)
 
 
 async def test_scrapes_within_the_ttl_share_one_fetch(upstream: Upstream, clock: Clock) -> None:

@@ -83,8 +83,8 @@ async def test_admin_metrics_serve_proxy_and_relabeled_llama_series(served) -> N
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = response.text
     assert 'llamacpp_tokens_predicted_total{instance="gate-1:8080",model="gemma-3-270m"} 32.0' in text
-    assert "llamagate_upstream_scrape_ok 1.0" in text
-    assert 'llamagate_requests_total{route="/metrics",status="200",tenant="ops"} 1.0' in text
+    assert 'llamagate_upstream_scrape_ok{model="gemma-3-270m"} 1.0' in text
+    assert 'llamagate_requests_total{model="-",route="/metrics",status="200",tenant="ops"} 1.0' in text
     result = check_metrics(response.content)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -101,7 +101,7 @@ async def test_child_down_still_answers_200_without_the_upstream_part(served) ->
     for client, headers in ((main, {"authorization": f"Bearer {ADMIN_KEY}"}), (local, {})):
         response = await client.get("/metrics", headers=headers)
         assert response.status_code == 200
-        assert "llamagate_upstream_scrape_ok 0.0" in response.text
+        assert 'llamagate_upstream_scrape_ok{model="gemma-3-270m"} 0.0' in response.text
         assert not [name for name in names(response.text) if name.startswith("llamacpp_")]
         assert "# TYPE llamagate_requests_total counter" in response.text
         assert check_metrics(response.content).returncode == 0

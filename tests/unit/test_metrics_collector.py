@@ -17,7 +17,7 @@ from supervisor.budget.plan import Budget
 from supervisor.child.machine import Exited, GatePassed, Machine, Start, State, Tick
 from supervisor.child.restart import Policy
 from supervisor.daemon.identity import served_identity
-from supervisor.daemon.metrics_collector import SupervisorCollector
+from supervisor.daemon.metrics_collector import ModelView, SupervisorCollector
 from tests.helpers.promtool import check_metrics
 
 MIB = 1024 * 1024
@@ -51,6 +51,14 @@ IDENTITY = served_identity(
 )
 
 
+MODEL = "gemma-3-270m"  # one model's daemon labels its series with the served alias
+
+
+def lab(**labels: str) -> tuple[tuple[str, str], ...]:
+    """A sample's sorted labels, the model's included."""
+    return tuple(sorted({"model": MODEL, **labels}.items()))
+
+
 class Clock:
     now = 0.0
 
@@ -61,7 +69,8 @@ class Clock:
 class Harness:
     """The driver's read side: a real Machine; load and readiness times kept as the driver keeps them."""
 
-    def __init__(self, pid: int | None = None) -> None:
+    def __init__(self, pid: int | None = None, alias: str = MODEL) -> None:
+        self.alias = alias
         self.machine = Machine(Policy(max_restarts=2, restart_window_s=300))
         self.child_pid = pid
         self.load_seconds: float | None = None
@@ -69,11 +78,13 @@ class Harness:
         self.budget: dict[str, object] | None = dict(BUDGET.as_dict())
         self.clock = Clock()
         self.identity_reads = 0
-        self.collector = SupervisorCollector(self, clock=self.clock)
+        self.collector = SupervisorCollector.single(self, lambda: MODEL, clock=self.clock)
 
     def identity(self) -> dict[str, object]:
         self.identity_reads += 1
-        return IDENTITY
+        model = IDENTITY["model"]
+        assert isinstance(model, dict)
+        return {**IDENTITY, "model": {**model, "alias": self.alias}}
 
     def child_rss_bytes(self) -> int | None:
         return psutil.Process(self.child_pid).memory_info().rss if self.alive() else None
@@ -109,14 +120,17 @@ class Harness:
 
 def state_of(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> list[str]:
     return [
-        labels[0][1] for (name, labels), v in samples.items() if name == "llamagate_child_state" and v == 1
+        dict(labels)["state"]
+        for (name, labels), v in samples.items()
+        if name == "llamagate_child_state" and v == 1
     ]
 
 
 def test_one_state_series_per_state_and_only_the_current_one_is_1() -> None:
     h = Harness()
     samples = h.samples()
-    states = [labels[0][1] for (name, labels) in samples if name == "llamagate_child_state"]
+    states = [dict(labels)["state"] for (name, labels) in samples if name == "llamagate_child_state"]
+    assert {dict(labels)["model"] for (name, labels) in samples if name == "llamagate_child_state"} == {MODEL}
     assert sorted(states) == sorted(s.value for s in State)
     assert state_of(samples) == ["STOPPED"]
 
@@ -129,26 +143,26 @@ def test_boot_crash_restart_and_give_up() -> None:
     h.clock.now = 12.5
     s = h.samples()
     assert state_of(s) == ["READY"]
-    assert s[("llamagate_child_load_duration_seconds", ())] == 2.5
-    assert s[("llamagate_child_ready_seconds", ())] == 10.0
-    assert s[("llamagate_child_failures_total", (("cause", "exit"),))] == 0
+    assert s[("llamagate_child_load_duration_seconds", lab())] == 2.5
+    assert s[("llamagate_child_ready_seconds", lab())] == 10.0
+    assert s[("llamagate_child_failures_total", lab(cause="exit"))] == 0
 
     h.step(Exited(1, "killed by SIGKILL"), 20.0)
     h.step(Tick(), 20.0)  # backoff 0 in this policy: starts again
     s = h.samples()
     assert state_of(s) == ["STARTING"]
-    assert s[("llamagate_child_failures_total", (("cause", "exit"),))] == 1
-    assert s[("llamagate_child_restarts_total", ())] == 1
-    assert s[("llamagate_child_ready_seconds", ())] == 0
+    assert s[("llamagate_child_failures_total", lab(cause="exit"))] == 1
+    assert s[("llamagate_child_restarts_total", lab())] == 1
+    assert s[("llamagate_child_ready_seconds", lab())] == 0
     # the last successful load stays visible while the next one runs
-    assert s[("llamagate_child_load_duration_seconds", ())] == 2.5
+    assert s[("llamagate_child_load_duration_seconds", lab())] == 2.5
 
     h.step(Exited(2, "exited with code 1"), 21.0)
     h.step(Tick(), 21.0)
     h.step(Exited(3, "exited with code 1"), 22.0)
     s = h.samples()
     assert state_of(s) == ["FAILED"]
-    assert s[("llamagate_child_failures_total", (("cause", "load_exit"),))] == 2
+    assert s[("llamagate_child_failures_total", lab(cause="load_exit"))] == 2
 
 
 def test_child_process_figures_come_from_the_live_pid() -> None:
@@ -162,9 +176,9 @@ def test_child_process_figures_come_from_the_live_pid() -> None:
         assert ready and child.stdout.readline() == "up\n"
         h = Harness(pid=child.pid)
         s = h.samples()
-        assert s[("llamagate_child_resident_memory_bytes", ())] > 1 * MIB
-        assert s[("llamagate_child_threads", ())] >= 1
-        assert s[("llamagate_child_cpu_seconds_total", ())] >= 0
+        assert s[("llamagate_child_resident_memory_bytes", lab())] > 1 * MIB
+        assert s[("llamagate_child_threads", lab())] >= 1
+        assert s[("llamagate_child_cpu_seconds_total", lab())] >= 0
     finally:
         child.kill()
         child.wait()
@@ -172,8 +186,8 @@ def test_child_process_figures_come_from_the_live_pid() -> None:
             child.stdout.close()
     # the pid is gone and the driver has not noticed yet: the series are absent, the scrape works
     s = h.samples()
-    assert ("llamagate_child_resident_memory_bytes", ()) not in s
-    assert ("llamagate_child_state", (("state", "STOPPED"),)) in s
+    assert ("llamagate_child_resident_memory_bytes", lab()) not in s
+    assert ("llamagate_child_state", lab(state="STOPPED")) in s
 
 
 def test_no_child_no_process_series() -> None:
@@ -186,9 +200,9 @@ def test_no_child_no_process_series() -> None:
 def test_memory_budget_figures() -> None:
     h = Harness()
     s = h.samples()
-    assert s[("llamagate_memory_budget_bytes", (("part", "weights"),))] == 235 * MIB
-    assert s[("llamagate_memory_budget_bytes", (("part", "kv"),))] == 54 * MIB
-    assert s[("llamagate_memory_budget_bytes", (("part", "runtime"),))] == 140 * MIB
+    assert s[("llamagate_memory_budget_bytes", lab(part="weights"))] == 235 * MIB
+    assert s[("llamagate_memory_budget_bytes", lab(part="kv"))] == 54 * MIB
+    assert s[("llamagate_memory_budget_bytes", lab(part="runtime"))] == 140 * MIB
     assert s[("llamagate_memory_headroom_bytes", ())] == 1024 * MIB
     assert s[("llamagate_host_memory_available_bytes", ())] > 0
     h.budget = None
@@ -254,3 +268,93 @@ def test_promtool_accepts_the_supervisor_series() -> None:
     h.step(GatePassed(1), 1.0)
     result = check_metrics(h.render())
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- several models ----------------------------------------------------------------------------------
+class Models:
+    """A several-model daemon's read side: the served models by name, changed between scrapes as SIGHUP
+    and on-demand loads change them."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, ModelView] = {}
+        self.collector = SupervisorCollector(lambda: self.views, clock=lambda: 30.0)
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(self.collector)
+        out = {}
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+
+def states_by_model(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for (name, labels), v in samples.items():
+        if name == "llamagate_child_state" and v == 1:
+            out.setdefault(dict(labels)["model"], []).append(dict(labels)["state"])
+    return out
+
+
+def of(model: str, **labels: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"model": model, **labels}.items()))
+
+
+def test_several_models_one_sample_set_each_and_the_host_series_once() -> None:
+    chat, embed = Harness(alias="chat"), Harness(alias="embed")
+    chat.step(Start(), 0.0)
+    chat.step(GatePassed(1), 2.0)
+    chat.step(Exited(1, "killed by SIGKILL"), 10.0)
+    chat.step(Tick(), 10.0)
+    chat.step(GatePassed(2), 12.0)
+    embed.budget = {**BUDGET.as_dict(), "weights_bytes": 100 * MIB}
+    m = Models()
+    m.views = {"chat": ModelView(chat), "embed": ModelView(embed, on_demand=True, loaded=False)}
+    s = m.samples()
+    # The on_demand model with no child reads UNLOADED, not its stopped machine's STOPPED.
+    assert states_by_model(s) == {"chat": ["READY"], "embed": ["UNLOADED"]}
+    assert ("llamagate_child_state", of("chat", state="UNLOADED")) not in s  # an always model never is
+    assert s[("llamagate_child_restarts_total", of("chat"))] == 1
+    assert s[("llamagate_child_restarts_total", of("embed"))] == 0
+    assert s[("llamagate_child_failures_total", of("chat", cause="exit"))] == 1
+    assert s[("llamagate_child_failures_total", of("embed", cause="exit"))] == 0
+    assert s[("llamagate_child_ready_seconds", of("chat"))] == 18.0
+    assert s[("llamagate_child_ready_seconds", of("embed"))] == 0
+    assert s[("llamagate_child_load_duration_seconds", of("chat"))] == 2.0
+    assert ("llamagate_child_load_duration_seconds", of("embed")) not in s  # never loaded
+    assert s[("llamagate_memory_budget_bytes", of("chat", part="weights"))] == 235 * MIB
+    assert s[("llamagate_memory_budget_bytes", of("embed", part="weights"))] == 100 * MIB
+    # The host's figures once, without a model.
+    assert s[("llamagate_memory_headroom_bytes", ())] == 1024 * MIB
+    assert s[("llamagate_host_memory_available_bytes", ())] > 0
+    assert [k for k in s if k[0].startswith("llamagate_host_memory")] == [
+        ("llamagate_host_memory_available_bytes", ())
+    ]
+    # One served info per model, its model label the model's own (no second ``model`` label).
+    served = {dict(labels)["model"]: v for (name, labels), v in s.items() if name == "llamagate_served_info"}
+    assert served == {"chat": 1, "embed": 1}
+    result = check_metrics(generate_latest(_registry(m.collector)))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    # embed loads on demand: a new driver, READY; its identity is read for the new driver.
+    loaded = Harness(alias="embed")
+    loaded.step(Start(), 20.0)
+    loaded.step(GatePassed(1), 25.0)
+    m.views["embed"] = ModelView(loaded, on_demand=True, loaded=True)
+    s = m.samples()
+    assert states_by_model(s) == {"chat": ["READY"], "embed": ["READY"]}
+    assert s[("llamagate_child_state", of("embed", state="UNLOADED"))] == 0
+    assert s[("llamagate_child_ready_seconds", of("embed"))] == 5.0
+    assert loaded.identity_reads == 1
+
+    # SIGHUP removes chat: its series are gone at the next scrape.
+    del m.views["chat"]
+    s = m.samples()
+    assert {dict(labels).get("model") for (_, labels) in s} == {"embed", None}
+
+
+def _registry(collector: SupervisorCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    return registry

@@ -8,8 +8,10 @@ import asyncio
 import re
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.metrics import ProxyMetrics
 from tests.helpers.exposition import full_exposition
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
@@ -45,3 +47,48 @@ def test_every_documented_series_is_exported_with_its_type() -> None:
     assert not phantom, f"documented in docs/observability.md but not exported: {phantom}"
     wrong = {name: (kind, families[name]) for name, kind in doc.items() if families[name] != kind}
     assert not wrong, f"documented type differs from the exported one: {wrong}"
+
+
+def documented_labels() -> dict[str, set[str]]:
+    """Series name -> the labels its row lists, from the tables that have a labels column."""
+    out: dict[str, set[str]] = {}
+    with_labels = False
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if cells[:2] == ["series", "type"]:
+            with_labels = cells[2] == "labels"
+        elif with_labels and cells and (name := re.fullmatch(r"`(llamagate_[a-z0-9_]+)`", cells[0])):
+            out[name[1]] = {label.strip() for label in cells[2].split(",") if label.strip()}
+    return out
+
+
+def exported_labels() -> dict[str, set[str]]:
+    """Series name (as documented) -> the label names its samples carry (a histogram's ``le`` aside)."""
+    labels: dict[str, set[str]] = {}
+    # The request series of one request that went everywhere (the full exposition has no inference request).
+    request = ProxyMetrics(CollectorRegistry())
+    request.observe_request("team", "chat", "/v1/chat/completions", 429, 0.5, "queue_full", 0.1, 0.2, 0.01, 3)
+    text = asyncio.run(full_exposition()) + request.render().decode()
+    for family in text_string_to_metric_families(text):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        for sample in family.samples:
+            labels.setdefault(name, set()).update(k for k in sample.labels if k != "le")
+    return labels
+
+
+def test_every_documented_label_set_is_the_exported_one() -> None:
+    doc, exported_sets = documented_labels(), exported_labels()
+    assert len(doc) >= 25  # the tables with a labels column were found
+    assert doc["llamagate_requests_total"] == {"tenant", "model", "route", "status"}  # the parser reads rows
+    wrong = {
+        name: (labels, exported_sets.get(name))
+        for name, labels in doc.items()
+        if exported_sets.get(name) != labels
+    }
+    assert not wrong, f"documented labels (left) differ from the exported ones (right): {wrong}"
+    # Every series carries the served model, but the host's own memory figures.
+    unlabelled = sorted(name for name, labels in exported_sets.items() if "model" not in labels)
+    assert [n for n in unlabelled if n.startswith(("llamagate_", "llamacpp_"))] == [
+        "llamagate_host_memory_available_bytes",
+        "llamagate_memory_headroom_bytes",
+    ]
