@@ -63,7 +63,7 @@ class Door:
 
 
 @asynccontextmanager
-async def door() -> AsyncIterator[Door]:
+async def door(**changes: object) -> AsyncIterator[Door]:
     fakes = {
         "chat": FakeLlama(secret=SECRET, slots=2),
         "embed": FakeLlama(secret=SECRET, slots=3),
@@ -84,6 +84,7 @@ async def door() -> AsyncIterator[Door]:
         keys=tuple(entries.values()),
         timeouts=Timeouts(connect_s=2, first_token_s=30, total_s=60),
     )
+    settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
     chat = StaticSource(snapshot_for(fakes["chat"].base_url, SECRET, slots=2, model_alias="chat"))
     embed = StaticSource(snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed"))
     lazy = OnDemandSource(fakes["lazy"])
@@ -145,6 +146,13 @@ async def test_counting_routes_take_the_body_model_then_the_query() -> None:
         )
         assert r.status_code == 200 and r.json()["input_tokens"] == 10
         assert "messages" in body_of(d.fakes["embed"])
+
+
+async def test_the_counting_rate_is_one_bucket_per_tenant_over_every_model() -> None:
+    async with door(count_rate_per_s=0.001, count_burst=1) as d, d.client("user") as c:
+        assert (await c.post("/tokenize", json={"model": "embed", "content": "a"})).status_code == 200
+        r = await c.post("/tokenize", json={"model": "chat", "content": "a"})
+        assert r.status_code == 429 and r.headers["retry-after"]
 
 
 async def test_an_unloaded_model_is_not_loaded_by_a_get_but_is_by_a_counting_post() -> None:
