@@ -180,12 +180,13 @@ class Passthrough:
             if post:
                 lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
                 await router.load(lane)
-            snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
-            if snap.base_url is None:
+            snap = rt.snapshot()
+            if snap.base_url is None or (self.need_ready and not snap.ready):
                 why = snap.reason or snap.state
                 if snap.state == "UNLOADED":
                     why += "; an inference or counting request loads it"
-                raise NotReady(f"the model '{lane.name}' is not running ({why})", snap.retry_after_s)
+                word = "running" if snap.base_url is None else "ready"
+                raise NotReady(f"the model '{lane.name}' is not {word} ({why})", snap.retry_after_s)
             if post:
                 self.check(rt, principal, payload, snap)
             return await self._relay(rt, snap, scope, receive, ctx, raw)

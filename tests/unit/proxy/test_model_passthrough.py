@@ -55,6 +55,7 @@ class Door:
     fakes: dict[str, FakeLlama]
     lazy: OnDemandSource
     keys: dict[str, str]
+    embed: StaticSource
 
     def client(self, key: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -86,7 +87,9 @@ async def door(**changes: object) -> AsyncIterator[Door]:
     )
     settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
     chat = StaticSource(snapshot_for(fakes["chat"].base_url, SECRET, slots=2, model_alias="chat"))
-    embed = StaticSource(snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed"))
+    embed = d_embed = StaticSource(
+        snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed")
+    )
     lazy = OnDemandSource(fakes["lazy"])
     # An on_demand model listed first: the default is still the first ``always`` one.
     app = create_app(settings, chat)
@@ -101,7 +104,7 @@ async def door(**changes: object) -> AsyncIterator[Door]:
     )
     try:
         async with serve(app) as url:
-            yield Door(url, runtime, fakes, lazy, keys)
+            yield Door(url, runtime, fakes, lazy, keys, d_embed)
     finally:
         for fake in fakes.values():
             await fake.stop()
@@ -146,6 +149,15 @@ async def test_counting_routes_take_the_body_model_then_the_query() -> None:
         )
         assert r.status_code == 200 and r.json()["input_tokens"] == 10
         assert "messages" in body_of(d.fakes["embed"])
+
+
+async def test_a_starting_model_answers_props_but_not_counting_naming_the_model() -> None:
+    async with door() as d, d.client("admin") as c:
+        d.embed.update(state="STARTING", ready=False, reason="loading the model")
+        assert (await c.get("/props", params={"model": "embed"})).json()["total_slots"] == 3
+        r = await c.post("/tokenize", json={"model": "embed", "content": "a"})
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["message"] == "the model 'embed' is not ready (loading the model)"
 
 
 async def test_the_counting_rate_is_one_bucket_per_tenant_over_every_model() -> None:
