@@ -87,9 +87,7 @@ async def door(**changes: object) -> AsyncIterator[Door]:
     )
     settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
     chat = StaticSource(snapshot_for(fakes["chat"].base_url, SECRET, slots=2, model_alias="chat"))
-    embed = d_embed = StaticSource(
-        snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed")
-    )
+    embed = StaticSource(snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed"))
     lazy = OnDemandSource(fakes["lazy"])
     # An on_demand model listed first: the default is still the first ``always`` one.
     app = create_app(settings, chat)
@@ -104,7 +102,7 @@ async def door(**changes: object) -> AsyncIterator[Door]:
     )
     try:
         async with serve(app) as url:
-            yield Door(url, runtime, fakes, lazy, keys, d_embed)
+            yield Door(url, runtime, fakes, lazy, keys, embed)
     finally:
         for fake in fakes.values():
             await fake.stop()
