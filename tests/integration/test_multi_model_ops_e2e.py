@@ -120,6 +120,11 @@ def test_admin_and_counting_routes_reach_the_model_they_name(daemon_factory: Dae
         assert any(r.get("logger") == "llamagate.child" and r.get("model") == name for r in records), name
     assert all(r.get("model") in ("chat", "embed") for r in records if r.get("logger") == "llamagate.child")
 
+    # The top level of /admin/identity speaks for both models.
+    top = d.admin_identity()["status"]
+    assert (top["state"], top["ready"], top["not_ready"], top["default_model"]) == ("READY", True, [], "chat")
+    assert top["restarts"] == 0 and top["last_failure"] is None
+
     # llamagate status: a line and an identity per model.
     status = subprocess.run(
         [sys.executable, "-m", "supervisor", "status", "--url", d.base_url, "--key", admin],
