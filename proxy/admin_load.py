@@ -3,6 +3,10 @@
 The same numbers as the ``llamagate_in_flight_requests`` / ``llamagate_queued_requests`` gauges on
 ``/metrics``, without making a browser parse Prometheus text or making every poll of the status page
 scrape llama-server's own series too (``/metrics`` refreshes them).
+
+Several models (``models:``): each model has its own gate (``proxy.model_router``), shown under
+``models`` by name; the top-level figures are their sums, and its ``tenants`` rows each tenant's sums
+over the models without limits (a tenant's limits apply per model: see each model's rows).
 """
 
 from __future__ import annotations
@@ -27,6 +31,32 @@ class AdminLoad:
 
 
 def load_report(rt: ProxyRuntime) -> dict[str, object]:
+    if rt.router is None:
+        return gate_report(rt)
+    runtimes = {name: lane.runtime for name, lane in rt.router.lanes.items()}
+    models = {name: gate_report(lane_rt) for name, lane_rt in runtimes.items()}  # sizes each gate first
+    gates = [lane_rt.admission for lane_rt in runtimes.values()]
+    sums: dict[str, list[int]] = {}  # tenant -> [in flight, queued] over every model
+    for adm in gates:
+        for load in adm.loads():
+            both = sums.setdefault(load.name, [0, 0])
+            both[0] += load.in_flight
+            both[1] += load.queued
+    return {
+        "slots": sum(adm.capacity for adm in gates),
+        "in_flight": sum(adm.in_flight for adm in gates),
+        "queued": sum(adm.queued for adm in gates),
+        "lingering": sum(adm.lingering for adm in gates),
+        # Limits apply per model, so a sum has none (the page then shows the bare counts).
+        "tenants": [
+            {"name": n, "in_flight": f, "queued": q, "max_concurrency": None, "max_queue": None}
+            for n, (f, q) in sums.items()
+        ],
+        "models": models,
+    }
+
+
+def gate_report(rt: ProxyRuntime) -> dict[str, object]:
     rt.snapshot()  # keeps the gate's capacity equal to the child's slots, as every request does
     adm = rt.admission
     tenants: list[dict[str, object]] = []

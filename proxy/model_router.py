@@ -95,8 +95,9 @@ class ModelRouter:
     def served(self) -> list[str]:
         return list(self.lanes)
 
-    def resolve(self, model: Any, tenant: TenantSettings) -> Lane:
-        """The lane a request's ``model`` names (its name or an alias); 404 listing what is served."""
+    def resolve(self, model: Any, tenant: TenantSettings | None) -> Lane:
+        """The lane a request's ``model`` names (its name or an alias); 404 listing what is served.
+        ``tenant`` None (an admin-only key's tenant may be unconfigured): no ``models`` limit."""
         served = ", ".join(f"'{n}'" for n in self.lanes)
         if model is None:
             raise BadRequest(f"'model' is required: this server serves {served}")
@@ -108,9 +109,22 @@ class ModelRouter:
         if lane is None:
             shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
             raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {served}")
-        if tenant.models and lane.name not in tenant.models:
+        if tenant is not None and tenant.models and lane.name not in tenant.models:
             raise Forbidden(f"tenant '{tenant.name}' may not use the model '{lane.name}'")
         return lane
+
+    def default(self, tenant: TenantSettings | None) -> Lane:
+        """The lane of a passthrough request that names no model: the first ``always`` model the
+        tenant may use (else its first ``on_demand`` one); 403 when it may use none."""
+        usable = [
+            lane
+            for lane in self.lanes.values()
+            if tenant is None or not tenant.models or lane.name in tenant.models
+        ]
+        if not usable:
+            name = tenant.name if tenant is not None else "?"
+            raise Forbidden(f"tenant '{name}' may use none of the served models")
+        return next((la for la in usable if la.entry.residency == "always"), usable[0])
 
     async def load(self, lane: Lane) -> None:
         source = lane.entry.source

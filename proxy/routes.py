@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import parse_qs, quote
 
 from starlette.types import Receive, Scope, Send
 
@@ -25,6 +25,9 @@ from proxy.readiness import UpstreamSnapshot
 from proxy.runtime import ProxyRuntime
 from proxy.settings import Scope as KeyScope
 from proxy.upstream import UpstreamClosed
+
+if TYPE_CHECKING:
+    from proxy.model_router import ModelRouter
 
 # Printable ASCII but space: what may stay as is in a forwarded query string ('%' keeps escapes intact).
 _QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
@@ -87,8 +90,12 @@ class Readyz:
         body.update({k: v for k, v in snap.info.items() if k not in body})
         if self.rt.router is not None:
             # Several models: ready when every ``always`` model is; each model's own state beside.
-            body["models"] = self.rt.router.model_states()
-            body["not_ready"] = self.rt.router.not_ready()
+            router = self.rt.router
+            body["models"] = router.model_states()
+            body["not_ready"] = router.not_ready()
+            # The door's own gate takes no request then: the totals are the models' sums.
+            body["in_flight"] = sum(lane.runtime.in_flight for lane in router.lanes.values())
+            body["queued"] = sum(lane.runtime.queued for lane in router.lanes.values())
         if ready:
             await send_json(send, 200, body)
         else:
@@ -130,7 +137,9 @@ class Passthrough:
         status, content_type, content = await self.fetch(scope, receive, ctx, principal)
         await send_bytes(send, status, content, content_type)
 
-    def check(self, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot) -> None:
+    def check(
+        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
+    ) -> None:
         """Hook for subclasses: refuse a request body before it goes to the child."""
 
     async def fetch(
@@ -138,14 +147,62 @@ class Passthrough:
     ) -> tuple[int, bytes, bytes]:
         """Forward the request; (status, content type, body) of the child's whole answer."""
         rt = self.rt
+        if rt.router is not None:
+            return await self._fetch_routed(rt.router, scope, receive, ctx, principal)
         snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
         if snap.base_url is None:
             raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
-        method = scope["method"]
         raw: bytes | None = None
-        if method == "POST":
+        if scope["method"] == "POST":
             raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
-            self.check(principal, bodies.parse_object(raw), snap)
+            self.check(rt, principal, bodies.parse_object(raw), snap)
+        return await self._relay(rt, snap, scope, receive, ctx, raw)
+
+    async def _fetch_routed(
+        self, router: ModelRouter, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
+    ) -> tuple[int, bytes, bytes]:
+        """Several models: the body's ``model`` (POST) or ``?model=`` picks the child, as in
+        llama-server's router mode; without one, the first ``always`` model the tenant may use.
+        A POST (counting, templating) loads an unloaded ``on_demand`` model as inference does; a GET
+        (``/slots``, ``/props``) never loads one: 503 saying it is not loaded."""
+        raw: bytes | None = None
+        payload: dict[str, Any] = {}
+        post = scope["method"] == "POST"
+        if post:
+            raw = await bodies.read_body(receive, ctx.content_length, self.rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+        model = payload.get("model") if "model" in payload else query_model(scope)
+        tenant = self.rt.tenants.get(principal.tenant)
+        lane = router.resolve(model, tenant) if model is not None else router.default(tenant)
+        rt = lane.runtime
+        rt.track_active(1)  # an idle unload must not stop the model under this request
+        try:
+            if post:
+                lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
+                await router.load(lane)
+            snap = rt.snapshot()
+            if snap.base_url is None or (self.need_ready and not snap.ready):
+                why = snap.reason or snap.state
+                if snap.state == "UNLOADED":
+                    why += "; an inference or counting request loads it"
+                word = "running" if snap.base_url is None else "ready"
+                raise NotReady(f"the model '{lane.name}' is not {word} ({why})", snap.retry_after_s)
+            if post:
+                self.check(rt, principal, payload, snap)
+            return await self._relay(rt, snap, scope, receive, ctx, raw)
+        finally:
+            rt.track_active(-1)
+
+    async def _relay(
+        self,
+        rt: ProxyRuntime,
+        snap: UpstreamSnapshot,
+        scope: Scope,
+        receive: Receive,
+        ctx: RequestContext,
+        raw: bytes | None,
+    ) -> tuple[int, bytes, bytes]:
+        method = scope["method"]
         path = self.route
         if scope.get("query_string"):
             # Bytes a lenient HTTP parser let through go on percent-encoded, never raw.
@@ -172,6 +229,13 @@ class Passthrough:
         return response.status, response.content_type or b"application/json", content
 
 
+def query_model(scope: Scope) -> str | None:
+    """The ``model`` query parameter (the last one when repeated), or None."""
+    raw = scope.get("query_string") or b""
+    values = parse_qs(raw.decode("latin-1"), keep_blank_values=True).get("model")
+    return values[-1] if values else None
+
+
 def authorize_any(rt: ProxyRuntime, ctx: RequestContext, route: str) -> Principal:
     """Like ``ProxyRuntime.authorize`` for a route open to inference and admin keys alike."""
     ctx.route = route
@@ -196,8 +260,10 @@ class Counting(Passthrough):
         status, content_type, content = await self.fetch(scope, receive, ctx, principal)
         await send_bytes(send, status, content, content_type)
 
-    def check(self, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot) -> None:
-        bodies.check_model(payload, snap.model_alias, self.rt.settings.model_aliases)
+    def check(
+        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
+    ) -> None:
+        bodies.check_model(payload, snap.model_alias, rt.settings.model_aliases)
 
 
 # What /props shows an inference key: what a client needs to talk to the model (context, template,

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import signal
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,23 @@ from supervisor.launch.flags import CHILD_HOST, LaunchSpec, build_argv, build_en
 
 log = logging.getLogger("llamagate.supervisor")
 child_log = logging.getLogger("llamagate.child")
+
+
+class ModelLog(logging.LoggerAdapter[logging.Logger]):
+    """A logger that adds ``model`` to every record's fields: with several models, each child's
+    supervisor and output lines say whose they are. No model (one-model daemon): records as before."""
+
+    def __init__(self, logger: logging.Logger, model: str | None) -> None:
+        super().__init__(logger, {})
+        self.model = model
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        if self.model is not None:
+            extra = dict(kwargs.get("extra") or {})
+            extra["fields"] = {"model": self.model, **extra.get("fields", {})}
+            kwargs["extra"] = extra
+        return msg, kwargs
+
 
 StateObserver = Callable[[State, State, "str | None"], None]
 # Called on every loop turn with the monotonic time; returns seconds until it wants the next call.
@@ -129,8 +146,13 @@ class ChildSupervisor:
         health_timeout_s: float = 2.0,
         identity: Mapping[str, object] | None = None,
         tail_lines: int = 30,
+        model: str | None = None,
     ) -> None:
         self.template = template
+        # ``model``: the served model's name (several models); every record of this child carries it.
+        self.model = model
+        self.log = ModelLog(log, model)
+        self.child_log = ModelLog(child_log, model)
         self.machine = Machine(policy)
         self.os = os
         self.probes = probes
@@ -363,14 +385,14 @@ class ChildSupervisor:
         level = logging.WARNING if new in (State.FAILED, State.BACKOFF, State.UNHEALTHY) else logging.INFO
         if new in (State.BACKOFF, State.FAILED) and self.tail:
             fields["child_log_tail"] = "\n".join(self.tail)
-        log.log(
+        self.log.log(
             level, f"llama-server {new.value}" + (f" ({reason})" if reason else ""), extra={"fields": fields}
         )
         for observer in list(self.observers):
             try:
                 observer(old, new, reason)
             except Exception:  # an observer (metrics, notify) must never take the supervisor down
-                log.exception("state observer failed")
+                self.log.exception("state observer failed")
 
     async def _apply(self, action: Action) -> None:
         child = self._child
@@ -384,10 +406,10 @@ class ChildSupervisor:
                 if task is not None:
                     task.cancel()
         elif action is Action.TERMINATE and child is not None:
-            log.info("sending SIGTERM to llama-server", extra={"fields": {"pid": child.handle.pid}})
+            self.log.info("sending SIGTERM to llama-server", extra={"fields": {"pid": child.handle.pid}})
             child.handle.send_signal(signal.SIGTERM)
         elif action is Action.KILL and child is not None:
-            log.info("sending SIGKILL to llama-server", extra={"fields": {"pid": child.handle.pid}})
+            self.log.info("sending SIGKILL to llama-server", extra={"fields": {"pid": child.handle.pid}})
             child.killed_by_us = True
             child.handle.send_signal(signal.SIGKILL)
         elif action is Action.ROLLBACK:
@@ -419,7 +441,7 @@ class ChildSupervisor:
         (self.workdir / "config").mkdir(exist_ok=True)
         self.tail.clear()
         # argv carries paths and numbers only; the secret is in the environment.
-        log.info(
+        self.log.info(
             "starting llama-server", extra={"fields": {"generation": generation, "argv": " ".join(argv)}}
         )
         try:
@@ -449,7 +471,7 @@ class ChildSupervisor:
         description = describe_exit(rc, we_killed=child.killed_by_us)
         if rc > 0 and not child.killed_by_us and (said := first_error(self.tail)):
             description = f"{description}: {said}"  # the child's own words say why, not only how
-        log.log(
+        self.log.log(
             logging.INFO if child.killed_by_us or rc == 0 else logging.WARNING,
             f"llama-server {description}",
             extra={"fields": {"pid": child.handle.pid, "generation": child.generation, "returncode": rc}},
@@ -482,7 +504,7 @@ class ChildSupervisor:
         if not is_noise(line, gpu_layers=child.spec.gpu_layers):
             self.tail.append(line)
         # DEBUG noise unless they report an error.
-        child_log.log(
+        self.child_log.log(
             logging.WARNING if is_error(line) else logging.DEBUG,
             line,
             extra={"fields": {"pid": child.handle.pid, "generation": child.generation}},
@@ -503,7 +525,7 @@ class ChildSupervisor:
             return
         except Exception as exc:
             # Unplanned: fail the gate now, not at the stall timeout with the blame on the child.
-            log.exception("readiness gate error")
+            self.log.exception("readiness gate error")
             self.post(GateFailed(child.generation, f"{type(exc).__name__}: {exc}"))
             return
         self.post(GatePassed(child.generation))
@@ -519,7 +541,7 @@ class ChildSupervisor:
             except Exception as exc:
                 # Unplanned: a failed probe all the same; a dead liveness task would leave a hung
                 # child READY forever.
-                log.exception("health probe error")
+                self.log.exception("health probe error")
                 self.post(HealthFailed(child.generation, f"{type(exc).__name__}: {exc}"))
                 continue
             self.post(
@@ -532,12 +554,14 @@ class ChildSupervisor:
         if self._last_port is None:
             return
         if self.os.port_open(self._last_port):
-            log.warning(
+            self.log.warning(
                 "the child's port still accepts connections after it exited (another process?)",
                 extra={"fields": {"port": self._last_port}},
             )
         else:
-            log.info("llama-server stopped; its port is closed", extra={"fields": {"port": self._last_port}})
+            self.log.info(
+                "llama-server stopped; its port is closed", extra={"fields": {"port": self._last_port}}
+            )
 
     async def _cancel_all(self) -> None:
         child = self._child

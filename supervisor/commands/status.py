@@ -119,16 +119,19 @@ def _status(args: argparse.Namespace) -> int:
         + (f" ({ready_body['reason']})" if ready_body.get("reason") else "")
     )
     b = ready_body
-    print(f"  model        {b.get('model')}  {b.get('slots')} slots x {b.get('ctx_per_slot')} tokens")
-    print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
-    print(f"  restarts     {ready_body.get('restarts', '-')}")
+    models = b.get("models")
+    several = isinstance(models, dict)
+    if not several:
+        print(f"  model        {b.get('model')}  {b.get('slots')} slots x {b.get('ctx_per_slot')} tokens")
+        print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
+    # Several models: restarts and last failure are every model's (each one's own on its line below).
+    print(f"  restarts     {ready_body.get('restarts', '-')}" + (" (all models)" if several else ""))
     print(f"  last failure {ready_body.get('last_failure') or '-'}")
     if b.get("last_reload"):
         print(f"  last reload  {b['last_reload']}")
     if b.get("recovery"):
         print(f"  recovery     {b['recovery']}")
     print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
-    models = b.get("models")
     if isinstance(models, dict):
         _print_models(models)
     if identity_error:
@@ -155,24 +158,36 @@ def _print_models(models: dict[str, Any]) -> None:
 def _print_identity(identity: dict[str, Any]) -> None:
     build = identity.get("llama_cpp") or {}
     binary = identity.get("binary") or {}
-    model = identity.get("model") or {}
-    serving = identity.get("serving") or {}
     host = identity.get("host") or {}
     print(f"  llama.cpp    {build.get('commit') or build.get('version') or build.get('source')}")
     print(f"  binary       {binary.get('path')} sha256 {binary.get('sha256')}")
     if build.get("cmake_args"):
         print(f"  cmake        {' '.join(build['cmake_args'])}")
-    print(
-        f"  model file   {model.get('path')} ({model.get('size_bytes')} bytes) sha256 {model.get('sha256')}"
-    )
-    threads = f"{serving.get('threads')}/{serving.get('threads_batch')}"
-    print(
-        f"  serving      alias {model.get('alias')}, threads {threads}, "
-        f"{serving.get('slots')} slots x {serving.get('ctx_per_slot')}"
-    )
+    models = identity.get("models")
+    if isinstance(models, dict):  # several models: each one's file and settings
+        for name, record in models.items():
+            if isinstance(record, dict):
+                print(f"  model {name}")
+                _print_model(record, indent="    ")
+    else:
+        _print_model(identity)
     mem = host.get("memory_total_bytes")
     mem_s = f"{mem / 2**30:.1f} GiB" if isinstance(mem, int) else "-"
     print(
         f"  host         {host.get('cpu_model')}, {host.get('cpu_physical')} cores "
         f"({host.get('cpu_logical')} logical), {mem_s}, {host.get('os')} {host.get('kernel')}"
+    )
+
+
+def _print_model(identity: dict[str, Any], indent: str = "  ") -> None:
+    model = identity.get("model") or {}
+    serving = identity.get("serving") or {}
+    print(
+        f"{indent}model file   {model.get('path')} ({model.get('size_bytes')} bytes)"
+        f" sha256 {model.get('sha256')}"
+    )
+    threads = f"{serving.get('threads')}/{serving.get('threads_batch')}"
+    print(
+        f"{indent}serving      alias {model.get('alias')}, threads {threads}, "
+        f"{serving.get('slots')} slots x {serving.get('ctx_per_slot')}"
     )

@@ -339,9 +339,23 @@ class ModelSet:
     def not_ready(self) -> list[ModelHost]:
         return [h for h in self.hosts.values() if not h.served.on_demand and not h.snapshot().ready]
 
+    def _totals(self) -> dict[str, object]:
+        """What the top level of /readyz and /admin/identity says of every model at once: restarts
+        summed, each model's last failure by name (None when no model has failed)."""
+        failures = [
+            f"{name}: {h.sup.machine.last_failure}"
+            for name, h in self.hosts.items()
+            if h.sup.machine.last_failure
+        ]
+        return {
+            "restarts": sum(h.sup.machine.restarts for h in self.hosts.values()),
+            "last_failure": "; ".join(failures) or None,
+            "last_reload": self.last_reload,
+        }
+
     def snapshot(self) -> UpstreamSnapshot:
         snap = self.primary.snapshot()
-        snap = replace(snap, info={**snap.info, "last_reload": self.last_reload})
+        snap = replace(snap, info={**snap.info, **self._totals()})
         waiting = self.not_ready()
         if self._draining:
             return replace(snap, ready=False, reason="draining: the daemon is stopping")
@@ -353,4 +367,19 @@ class ModelSet:
         return replace(snap, ready=False, state=first.state, reason=why, retry_after_s=first.retry_after_s)
 
     def identity(self) -> Mapping[str, object]:
-        return {**self.primary.identity(), "models": {n: h.identity() for n, h in self.hosts.items()}}
+        """The first ``always`` model's identity (the default of the passthrough routes) with the
+        daemon's ``status`` (every model at once) and each model's own record under ``models``."""
+        snap = self.snapshot()
+        status = {
+            "state": snap.state,
+            "ready": snap.ready,
+            "reason": snap.reason,
+            "not_ready": [h.name for h in self.not_ready()],
+            "default_model": self.primary.name,
+            **self._totals(),
+        }
+        return {
+            **self.primary.identity(),
+            "status": status,
+            "models": {n: h.identity() for n, h in self.hosts.items()},
+        }

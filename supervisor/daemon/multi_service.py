@@ -107,6 +107,7 @@ class MultiDaemon(Daemon):
             health_interval_s=s.health_interval_s,
             health_timeout_s=s.health_timeout_s,
             identity=prepared.identity,
+            model=name,  # every log record of this child names its model
         )
         sup.budget = prepared.budget.as_dict()
         return sup

@@ -455,3 +455,40 @@ async def test_failed_promises_no_retry_and_says_how_to_recover(tmp_path: Path) 
     await settle(sup)
     assert sup.state is State.READY and "recovery" not in sup.snapshot().info
     assert sup.snapshot().retry_after_s == 0.0
+
+
+async def test_every_record_of_a_named_models_child_names_it_in_text_and_json(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Several models: the supervisor's lines, the child's own output lines and the log tail of a
+    failure all carry ``model``; a one-model daemon's records stay as they were (no field)."""
+    import json
+
+    from supervisor.logs import JsonFormatter, TextFormatter
+
+    for model in ("embed", None):
+        caplog.clear()
+        os_, probes = FakeOs(), FakeProbes()
+        sup = make(os_, probes, tmp_path)
+        if model is not None:
+            sup = ChildSupervisor(
+                SPEC, sup.machine.policy, os=os_, probes=probes, workdir=tmp_path / "w", model=model
+            )
+        with caplog.at_level(logging.DEBUG):
+            await start(sup)
+            child = os_.children[0]
+            child.say("0.01.000.000 E srv  boom: something broke\n")
+            child.say("0.01.000.000 I srv  an ordinary line\n")
+            child.exit(-signal.SIGKILL)
+            await settle(sup)
+        ours = [r for r in caplog.records if r.name in ("llamagate.supervisor", "llamagate.child")]
+        names = {r.name for r in ours}
+        assert names == {"llamagate.supervisor", "llamagate.child"}
+        assert any("child_log_tail" in getattr(r, "fields", {}) for r in ours)  # the BACKOFF line
+        for record in ours:
+            fields = getattr(record, "fields", {})
+            assert fields.get("model") == model, (record.getMessage(), fields)
+            assert "pid" in fields or record.name == "llamagate.supervisor"
+            text = TextFormatter().format(record)
+            assert (f" model={model}" in text) is (model is not None)
+            assert json.loads(JsonFormatter().format(record)).get("model") == model
