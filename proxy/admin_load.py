@@ -6,7 +6,8 @@ scrape llama-server's own series too (``/metrics`` refreshes them).
 
 Several models (``models:``): each model has its own gate (``proxy.model_router``), shown under
 ``models`` by name; the top-level figures are their sums, and its ``tenants`` rows each tenant's sums
-over the models without limits (a tenant's limits apply per model: see each model's rows).
+over the models with only ``max_concurrency_total`` (a tenant's other limits apply per model: see each
+model's rows).
 """
 
 from __future__ import annotations
@@ -47,13 +48,26 @@ def load_report(rt: ProxyRuntime) -> dict[str, object]:
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
-        # Limits apply per model, so a sum has none (the page then shows the bare counts).
+        # Limits apply per model, so a sum has none (the page then shows the bare counts); the one
+        # limit on the sum is the tenant's max_concurrency_total (proxy.tenant_totals).
         "tenants": [
-            {"name": n, "in_flight": f, "queued": q, "max_concurrency": None, "max_queue": None}
+            {
+                "name": n,
+                "in_flight": f,
+                "queued": q,
+                "max_concurrency": None,
+                "max_queue": None,
+                "max_concurrency_total": _total(rt, n),
+            }
             for n, (f, q) in sums.items()
         ],
         "models": models,
     }
+
+
+def _total(rt: ProxyRuntime, tenant: str) -> int | None:
+    settings = rt.tenants.get(tenant)
+    return settings.max_concurrency_total if settings else None
 
 
 def gate_report(rt: ProxyRuntime) -> dict[str, object]:

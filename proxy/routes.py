@@ -152,6 +152,7 @@ class Passthrough:
         snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
         if snap.base_url is None:
             raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
+        ctx.model = snap.model_alias  # the metrics' model label: the one served model
         raw: bytes | None = None
         if scope["method"] == "POST":
             raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
@@ -175,11 +176,13 @@ class Passthrough:
         tenant = self.rt.tenants.get(principal.tenant)
         lane = router.resolve(model, tenant) if model is not None else router.default(tenant)
         rt = lane.runtime
+        ctx.model = lane.name
         rt.track_active(1)  # an idle unload must not stop the model under this request
         try:
             if post:
                 lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
-                await router.load(lane)
+                async with ClientWatch(receive):  # a client that leaves ends its wait for the load
+                    await router.load(lane)
             snap = rt.snapshot()
             if snap.base_url is None or (self.need_ready and not snap.ready):
                 why = snap.reason or snap.state

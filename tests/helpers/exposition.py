@@ -6,6 +6,7 @@ and the supervisor's collector over a READY state machine with a live process st
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -110,3 +111,10 @@ def exported_series(exposition: str) -> dict[str, set[str] | None]:
         for suffix in suffixes:
             out[family.name + suffix] = labels
     return out
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample with exactly these labels (prometheus-client sorts them), or None."""
+    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    found = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", text, re.M)
+    return float(found[1]) if found else None

@@ -8,6 +8,7 @@ import re
 
 from proxy.model_router import ModelEntry, ModelRouter
 from tests.fakes.fake_upstream import FakeLlama, StaticSource, snapshot_for
+from tests.helpers.exposition import sample
 from tests.unit.proxy.conftest import SECRET, Proxy, ProxyFactory
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -18,13 +19,6 @@ async def exposition(p: Proxy) -> str:
         r = await c.get("/metrics")
         assert r.status_code == 200
         return r.text
-
-
-def sample(text: str, name: str, **labels: str) -> float | None:
-    """The value of the one sample with exactly these labels (prometheus-client sorts them), or None."""
-    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    found = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", text, re.M)
-    return float(found[1]) if found else None
 
 
 def label_values(text: str, name: str, label: str) -> set[str]:

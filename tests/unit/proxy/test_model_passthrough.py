@@ -6,6 +6,7 @@ Each model's child is a fake llama-server of its own slot count, so an answer te
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -21,7 +22,8 @@ from proxy.auth import new_key
 from proxy.model_router import ModelEntry, ModelRouter
 from proxy.runtime import ProxyRuntime
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings, Timeouts
-from tests.fakes.fake_upstream import FakeLlama, StaticSource, serve, snapshot_for
+from tests.fakes.fake_upstream import FakeLlama, StaticSource, eventually, serve, snapshot_for
+from tests.helpers.exposition import sample
 
 SECRET = "per-boot-secret-xyz"
 
@@ -177,6 +179,10 @@ async def test_an_unloaded_model_is_not_loaded_by_a_get_but_is_by_a_counting_pos
         r = await c.post("/tokenize", json={"model": "lazy", "content": "x y"})
         assert r.status_code == 200 and d.lazy.loads == 1 and body_of(d.fakes["lazy"])["content"] == "x y"
         assert (await c.get("/props", params={"model": "lazy"})).json()["total_slots"] == 5
+        text = (await c.get("/metrics")).text
+        for route, status in (("/tokenize", "200"), ("/props", "503"), ("/slots", "503")):
+            labels = {"tenant": "ops", "model": "lazy", "route": route, "status": status}
+            assert sample(text, "llamagate_requests_total", **labels) == 1, labels
         # An idle unload must see the model busy while such a request runs; done, it is idle again.
         assert not d.runtime.router.lanes["lazy"].busy  # type: ignore[union-attr]
 
@@ -202,6 +208,7 @@ async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
                 "queued": 0,
                 "max_concurrency": None,
                 "max_queue": None,
+                "max_concurrency_total": None,
             }
             chat_team = next(t for t in load["models"]["chat"]["tenants"] if t["name"] == "team")
             assert chat_team["max_concurrency"] == TenantSettings("team").max_concurrency
@@ -229,3 +236,31 @@ async def test_one_model_daemon_relays_props_as_before(query: str) -> None:
             assert "models" not in (await c.get("/admin/load")).json()
     finally:
         await fake.stop()
+
+
+class ColdSource(StaticSource):
+    """An on_demand model whose load does not finish."""
+
+    def __init__(self) -> None:
+        super().__init__(snapshot_for(None, None, state="UNLOADED", ready=False, reason="not loaded"))
+        self.waiting = 0
+
+    async def ensure_loaded(self) -> None:
+        self.waiting += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.waiting -= 1
+
+
+async def test_a_client_that_leaves_a_counting_request_ends_its_wait_for_the_load() -> None:
+    async with door() as d:
+        cold = ColdSource()
+        lane = d.runtime.router.add(ModelEntry("cold", (), cold, "on_demand"))  # type: ignore[union-attr]
+        async with d.client("user") as c:
+            leaving = asyncio.create_task(c.post("/tokenize", json={"model": "cold", "content": "a"}))
+            await eventually(lambda: cold.waiting == 1, 10.0)
+            leaving.cancel()  # the client closes its connection
+            with pytest.raises(asyncio.CancelledError):
+                await leaving
+        await eventually(lambda: cold.waiting == 0 and not lane.busy, 10.0)
