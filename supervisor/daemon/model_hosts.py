@@ -237,11 +237,10 @@ class ModelSet:
         not_ready = [
             h for h in self.hosts.values() if not h.served.on_demand and h.sup.state is not State.READY
         ]
-        aggregate = (
-            State.READY
-            if not not_ready
-            else (State.FAILED if new is State.FAILED else not_ready[0].sup.state)
-        )
+        # A model that gave up keeps the whole FAILED until it is back: another model restarting
+        # meanwhile must not make systemd's STATUS (or the exit_on_failed hook) read otherwise.
+        failed = any(h.sup.state is State.FAILED for h in not_ready)
+        aggregate = State.READY if not not_ready else (State.FAILED if failed else not_ready[0].sup.state)
         if aggregate is not self._aggregate or new is State.FAILED:
             old, self._aggregate = self._aggregate, aggregate
             text = f"model '{host.name}': {reason}" if reason else f"model '{host.name}'"

@@ -134,7 +134,11 @@ class Daemon:
     # --- hooks ---------------------------------------------------------------------------------------
     def _on_state_change(self, old: State, new: State, reason: str | None) -> None:
         if new is State.FAILED and self.cfg.supervision.exit_on_failed:
-            log.error("llama-server FAILED and supervision.exit_on_failed is set: the daemon exits non-zero")
+            # With several models the reason names the model that gave up ("model 'x': gave up: ...").
+            log.error(
+                "llama-server FAILED and supervision.exit_on_failed is set: the daemon exits non-zero",
+                extra={"fields": {"reason": reason}},
+            )
             self.exit_code = 1
             self.request_stop("llama-server FAILED (exit_on_failed)")
 

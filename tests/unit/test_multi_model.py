@@ -282,3 +282,30 @@ async def test_a_waiter_that_leaves_never_cancels_the_load_it_started() -> None:
         await waiter
     gate.set()
     await asyncio.wait_for(done.wait(), 5)  # the load went on for whoever asks next
+
+
+def test_a_failed_always_model_keeps_the_aggregate_failed_while_another_restarts() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.child.machine import State
+
+    def host(name: str) -> Any:
+        return SimpleNamespace(name=name, served=SimpleNamespace(on_demand=False), sup=SimpleNamespace())
+
+    restarting, failing = host("b"), host("a")  # the one restarting is listed first
+    s = ModelSet(10)
+    s.hosts = {"b": restarting, "a": failing}
+    heard: list[tuple[State, State]] = []
+    s.observers.append(lambda old, new, reason: heard.append((old, new)))
+    restarting.sup.state = failing.sup.state = State.READY
+    s._on_change(failing, State.READY, None)
+    failing.sup.state = State.FAILED
+    s._on_change(failing, State.FAILED, "gave up")
+    restarting.sup.state = State.BACKOFF
+    s._on_change(restarting, State.BACKOFF, "exited")
+    assert heard == [(State.STARTING, State.READY), (State.READY, State.FAILED)]
+    restarting.sup.state = State.READY
+    s._on_change(restarting, State.READY, None)
+    failing.sup.state = State.READY  # e.g. after a SIGHUP restart
+    s._on_change(failing, State.READY, None)
+    assert heard[-1] == (State.FAILED, State.READY)
