@@ -23,11 +23,14 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.context import SCOPE_KEY, RequestContext
-from proxy.errors import BadRequest, Forbidden, ModelNotFound
+from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
 from proxy.readiness import UpstreamSnapshot, UpstreamSource
 from proxy.routes import send_json
 from proxy.runtime import ProxyRuntime
 from proxy.settings import ProxySettings, TenantSettings
+
+# Retry-After while a model restarts on SIGHUP: the old child drains and stops, then the new one loads.
+RESTART_RETRY_S = 5.0
 
 
 @runtime_checkable
@@ -74,6 +77,8 @@ class ModelRouter:
     def __init__(self, main: ProxyRuntime, entries: Sequence[ModelEntry]) -> None:
         self.main = main
         self.lanes: dict[str, Lane] = {}
+        # Name or alias -> name of a model being restarted with new settings (``remove``).
+        self.restarting: dict[str, str] = {}
         for entry in entries:
             self.add(entry)
 
@@ -83,10 +88,17 @@ class ModelRouter:
         runtime.totals = self.main.totals  # tenants[].max_concurrency_total counts across every model
         lane = Lane(entry, runtime)
         self.lanes[entry.name] = lane
+        self.restarting = {k: v for k, v in self.restarting.items() if v != entry.name}
         return lane
 
-    def remove(self, name: str) -> None:
-        self.lanes.pop(name, None)
+    def remove(self, name: str, *, restarting: bool = False) -> None:
+        """No new request reaches the model. ``restarting``: it comes back (SIGHUP changed its
+        settings), so until ``add`` brings it back its name and aliases answer 503 with Retry-After,
+        never the 404 of a model that is not served."""
+        lane = self.lanes.pop(name, None)
+        if restarting and lane is not None:
+            for key in (name, *lane.entry.aliases):
+                self.restarting[key] = name
 
     def reload(self, settings: ProxySettings) -> None:
         for lane in self.lanes.values():
@@ -105,6 +117,10 @@ class ModelRouter:
         if isinstance(model, str):
             lane = self.lanes.get(model) or next(
                 (la for la in self.lanes.values() if model in la.entry.aliases), None
+            )
+        if lane is None and isinstance(model, str) and model in self.restarting:
+            raise NotReady(
+                f"the model '{self.restarting[model]}' is restarting with new settings", RESTART_RETRY_S
             )
         if lane is None:
             shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"

@@ -172,7 +172,7 @@ class MultiDaemon(Daemon):
         for name in removed:
             await self._retire(name, "removed from the config")
         for name in changed:
-            await self._retire(name, "its settings changed")
+            await self._retire(name, "its settings changed", restarting=True)
         for name in [*changed, *added]:
             host = self._host(fresh[name])
             self.models.add(host)
@@ -188,10 +188,11 @@ class MultiDaemon(Daemon):
             extra={"fields": {"removed": removed, "added": added, "changed": changed}},
         )
 
-    async def _retire(self, name: str, reason: str) -> None:
-        """No new request reaches the model; those in flight finish (up to the drain timeout); stop."""
+    async def _retire(self, name: str, reason: str, *, restarting: bool = False) -> None:
+        """No new request reaches the model; those in flight finish (up to the drain timeout); stop.
+        ``restarting``: new requests get 503 with Retry-After until its new child's lane is added."""
         lane = self.router.lanes.get(name)
-        self.router.remove(name)
+        self.router.remove(name, restarting=restarting)
         if lane is not None:
             await lane.runtime.drain(self.cfg.proxy.drain_timeout_s)
         log.warning(f"SIGHUP: stopping model {name!r}: {reason}")

@@ -309,3 +309,19 @@ def test_a_failed_always_model_keeps_the_aggregate_failed_while_another_restarts
     failing.sup.state = State.READY  # e.g. after a SIGHUP restart
     s._on_change(failing, State.READY, None)
     assert heard[-1] == (State.FAILED, State.READY)
+
+
+def test_a_model_restarting_on_sighup_answers_503_not_404_until_it_is_back() -> None:
+    r = router()
+    anyone = TenantSettings("t")
+    chat = r.lanes["chat"].entry
+    r.remove("chat", restarting=True)
+    for name in ("chat", "gpt"):  # its name and its aliases
+        with pytest.raises(NotReady, match="the model 'chat' is restarting with new settings") as refused:
+            r.resolve(name, anyone)
+        assert refused.value.headers["retry-after"] == "5"
+    r.add(chat)  # the new child's lane
+    assert r.resolve("gpt", anyone).name == "chat" and r.restarting == {}
+    r.remove("embed")  # removed for good: not served
+    with pytest.raises(ModelNotFound):
+        r.resolve("embed", anyone)
