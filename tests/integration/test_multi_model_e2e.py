@@ -235,15 +235,35 @@ def test_sighup_changing_one_model_restarts_only_that_child(daemon_factory: Daem
     config["models"] = [{**m, "ctx_per_slot": 256} if m["name"] == "embed" else m for m in config["models"]]
     d.config = config
     d.config_path.write_text(yaml.safe_dump(config))
-    d.signal(signal.SIGHUP)
-    d.wait_for(
-        lambda code, body: (
-            code == 200
-            and body.get("last_reload") == "applied"
-            and body["models"].get("embed", {}).get("ctx_per_slot") == 256
-            and body["models"]["embed"]["ready"]
-        ),
-        "the changed model to be READY on its new settings",
+    # Requests for the model while it restarts: never a 404 (it is still served), a 503 to retry at most.
+    statuses: list[tuple[int, str | None]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        headers = {"Authorization": f"Bearer {d.inference_key}"}
+        with httpx.Client(base_url=d.base_url, headers=headers, timeout=60) as c:
+            while not done.is_set():
+                r = c.post("/v1/embeddings", json={"model": "embed", "input": "llamas"})
+                statuses.append((r.status_code, r.headers.get("retry-after")))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        d.signal(signal.SIGHUP)
+        d.wait_for(
+            lambda code, body: (
+                code == 200
+                and body.get("last_reload") == "applied"
+                and body["models"].get("embed", {}).get("ctx_per_slot") == 256
+                and body["models"]["embed"]["ready"]
+            ),
+            "the changed model to be READY on its new settings",
+        )
+    finally:
+        done.set()
+        asker.join(90)
+    assert statuses and all(code == 200 or (code == 503 and retry is not None) for code, retry in statuses), (
+        statuses
     )
     assert process_gone(embed_pid) and child_pid(d, "embed") != embed_pid
     assert child_pid(d, "chat") == chat_pid  # untouched
