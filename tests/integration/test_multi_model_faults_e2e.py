@@ -13,6 +13,7 @@ import pytest
 from tests.fakes.fake_child import make_fake_binary
 from tests.integration.conftest import DaemonFactory, process_gone, wait_until
 from tests.integration.test_deploy_notify import FakeSystemd
+from tests.integration.test_multi_model_e2e import model
 
 pytestmark = pytest.mark.integration
 
@@ -20,16 +21,8 @@ GIVE_UP_FAST = {"max_restarts": 1, "backoff_initial_s": 0.1, "backoff_max_s": 0.
 
 
 def entry(factory: DaemonFactory, name: str, *switches: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "path": str(factory.model),
-        "sha256": factory.model_sha256,
-        "slots": 1,
-        "ctx_per_slot": 512,
-        "threads": 1,
-        "extra_args": list(switches),
-        **extra,
-    }
+    """A model entry whose fake child behaves as ``switches`` say."""
+    return model(factory, name, extra_args=list(switches), **extra)
 
 
 def config(*models: dict[str, Any], exit_on_failed: bool = False) -> dict[str, Any]:

@@ -13,9 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import yaml
 from supervisor.artifacts.files import sha256_fresh
 from supervisor.child.spawn import free_port
 from supervisor.cli import main
+from tests.helpers.json_stub import json_stub
 from tests.unit.test_daemon import make_daemon
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,30 +242,11 @@ def test_output_into_a_closed_pipe_ends_quietly_with_the_commands_own_status(
 
 
 # --- status ---------------------------------------------------------------------------------------------
-class _Readyz(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"state": "READY", "ready": True, "model": "m", "slots": 1}).encode()
-        self.send_response(200 if self.path == "/readyz" else 404)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def daemon_stub() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Readyz)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    body = {"state": "READY", "ready": True, "model": "m", "slots": 1}
+    with json_stub(lambda path: (200 if path == "/readyz" else 404, body)) as port:
+        yield port
 
 
 def test_status_url_without_scheme_works(daemon_stub: int, capsys: pytest.CaptureFixture[str]) -> None:

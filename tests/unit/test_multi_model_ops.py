@@ -4,10 +4,7 @@ stand-in hosts and a stub daemon, no child process."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -17,6 +14,7 @@ from supervisor.child.machine import State
 from supervisor.cli import main
 from supervisor.daemon.model_hosts import ModelHost, ModelSet
 from tests.fakes.fake_upstream import snapshot_for
+from tests.helpers.json_stub import json_stub
 
 
 def host(name: str, *, ready: bool, restarts: int, last_failure: str | None, on_demand: bool = False) -> Any:
@@ -113,30 +111,10 @@ IDENTITY = {
 }
 
 
-class _Daemon(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps(READYZ if self.path == "/readyz" else IDENTITY).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def stub() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Daemon)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with json_stub(lambda path: (200, READYZ if path == "/readyz" else IDENTITY)) as port:
+        yield port
 
 
 def test_status_prints_each_model_and_not_the_first_ones_figures_as_the_daemons(
