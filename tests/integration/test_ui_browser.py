@@ -347,8 +347,11 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
     daemon_factory: DaemonFactory, browser: Any, screenshots: Path
 ) -> None:
     # "chat" loaded (always); "embed" on_demand and unloaded, with an idle time far beyond the test: only
-    # a request could load it, and the page must never send one.
-    d = daemon_factory(two_models(daemon_factory, residency="on_demand", idle_unload_s=3600))
+    # a request could load it, and the page must never send one. "embed" comes first in the config, so
+    # the playground must pick the loaded model, not the first one.
+    config = two_models(daemon_factory, residency="on_demand", idle_unload_s=3600)
+    config["models"].reverse()
+    d = daemon_factory(config)
     page = Page(browser, d, screenshots)
     origin = d.base_url
 
@@ -392,8 +395,8 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
     options = "return [...document.getElementById('pg-model').options].map(o => [o.value, o.textContent])"
     page.wait(lambda: len(browser.execute_script(options)) == 2, "the model select")
     assert browser.execute_script(options) == [
-        ["chat", "chat (loaded)"],
         ["embed", "embed (embeddings, unloaded)"],
+        ["chat", "chat (loaded)"],
     ]
     assert page.el("pg-model").get_attribute("value") == "chat"
     page.type_into("pg-prompt", "Once upon a time")
