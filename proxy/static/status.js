@@ -106,6 +106,8 @@ function renderModels(models, gates) {
   several = Boolean(models) && Object.keys(models).length > 1;
   document.getElementById("models").hidden = !several;
   document.getElementById("child-title").textContent = several ? "Daemon (every model)" : "Child";
+  // /admin/identity's top level describes the default model (the first always one).
+  document.getElementById("identity-title").textContent = several ? "Identity (default model)" : "Identity";
   if (!several) return;
   const rows = Object.entries(models).map(([name, m]) => {
     const gate = (gates && gates[name]) || m;
@@ -121,7 +123,7 @@ function renderModels(models, gates) {
       cell(`${gate.in_flight} / ${gate.slots}`),
       cell(gate.queued),
       cell(m.restarts),
-      cell(m.uptime_s === undefined ? null : duration(m.uptime_s)),
+      cell(duration(m.uptime_s)),
       cell(m.ready ? "" : m.reason),
     );
     return tr;

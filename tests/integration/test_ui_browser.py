@@ -387,6 +387,8 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
     page.wait(lambda: int(page.dataset("pollRounds")) >= rounds + 3, "three admin rounds", timeout=90)
     assert row("embed")[1:4] == ["unloaded (UNLOADED)", "on_demand", "0 / 1"], row("embed")
     assert page.text("st-slots") == "0 / 2 (every model)"
+    assert page.text("identity-title") == "Identity (default model)"
+    assert page.text("id-slots") == "1"  # the default model's own, "chat"
     assert embed_unloaded(), "the page loaded the on_demand model"
     page.shot("status-models.png")
 
