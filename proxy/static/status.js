@@ -111,7 +111,8 @@ function renderModels(models, gates) {
   if (!several) return;
   const rows = Object.entries(models).map(([name, m]) => {
     const gate = (gates && gates[name]) || m;
-    const aliases = m.aliases && m.aliases.length ? ` (also ${m.aliases.join(", ")})` : "";
+    const others = (m.aliases || []).filter((a) => a !== name);
+    const aliases = others.length ? ` (also ${others.join(", ")})` : "";
     // An on_demand model at rest is not a problem: no warning colour for it.
     const cls = m.state === "UNLOADED" ? "state" : `state ${stateClass(m.state, m.ready)}`;
     const tr = document.createElement("tr");

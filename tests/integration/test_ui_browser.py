@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.auth import new_key
+from proxy.model_router import ModelEntry, ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
 from tests.fakes.fake_upstream import StaticSource, snapshot_for
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
@@ -440,11 +441,16 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
 
 
 @contextmanager
-def proxy_in_thread(settings: ProxySettings, source: StaticSource) -> Iterator[str]:
-    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous)."""
-    config = uvicorn.Config(
-        create_app(settings, source), host="127.0.0.1", port=0, log_level="warning", access_log=False
-    )
+def proxy_in_thread(
+    settings: ProxySettings, source: StaticSource, models: Sequence[ModelEntry] = ()
+) -> Iterator[str]:
+    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous);
+    with ``models``, a several-model proxy routing to them, as the daemon sets it up."""
+    app = create_app(settings, source)
+    if models:
+        runtime = app.state.runtime
+        runtime.router = ModelRouter(runtime, models)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="proxy", daemon=True)
     thread.start()
@@ -534,3 +540,40 @@ def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots:
         if re.search(r"Content Security Policy|Refused to|Uncaught", e["message"])
     ]
     assert problems == [], problems
+
+
+def test_each_models_failure_and_load_with_a_fake_several_model_proxy(
+    browser: Any, screenshots: Path
+) -> None:
+    """The states a real daemon cannot be asked to show on cue: one of two models FAILED, then loading."""
+    settings = ProxySettings(tenants=(TenantSettings("default"),))
+    chat = StaticSource(snapshot_for(None, None, slots=1, model_alias="chat"))
+    embed = StaticSource(snapshot_for(None, None, slots=1, model_alias="embed"))
+    daemon = StaticSource(snapshot_for(None, None, slots=1, model_alias="chat"))
+    models = [ModelEntry("chat", ("chat",), chat), ModelEntry("embed", ("embed",), embed)]
+    with proxy_in_thread(settings, daemon, models) as origin:
+        page = Page(browser, None, screenshots)
+
+        def row(name: str) -> list[str]:
+            return next((cells for cells in page.rows("models-body") if cells[0] == name), [])
+
+        def state_class(name: str) -> str:
+            script = (
+                "return document.querySelector(`#models-body tr[data-model='${arguments[0]}']`)"
+                ".cells[1].className"
+            )
+            return str(browser.execute_script(script, name))
+
+        failure = "5 restarts within 300 s; last: exited with code 1"
+        embed.update(state="FAILED", ready=False, reason=failure)
+        daemon.update(state="FAILED", ready=False, reason=f"not ready: 'embed' (FAILED: {failure})")
+        browser.get(origin + "/ui/")
+        page.wait(lambda: row("embed")[1:2] == ["failed (FAILED)"], "the failed model's row")
+        assert row("embed")[7] == failure and "bad" in state_class("embed")
+        assert row("chat")[1] == "loaded (READY)" and "ok" in state_class("chat")
+        assert "'embed'" in page.text("status-message") and "FAILED" in page.text("status-message")
+        page.shot("status-models-failed.png")
+
+        embed.update(state="STARTING", ready=False, reason="loading model")
+        page.wait(lambda: row("embed")[1:2] == ["loading (STARTING)"], "the loading model's row")
+        assert row("embed")[7] == "loading model" and "warn" in state_class("embed")
