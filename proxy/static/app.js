@@ -39,7 +39,8 @@ function select(tab) {
     $(`tab-${name}`).setAttribute("aria-selected", String(on));
     $(`view-${name}`).hidden = !on;
   }
-  if (tab === "playground" && !$("pg-model").value && getKey()) loadModels();
+  // With several models, their states change (loads, idle unloads): refresh the list's labels.
+  if (tab === "playground" && (!$("pg-model").value || $("pg-model").length > 1) && getKey()) loadModels();
 }
 
 function keyChanged() {

@@ -21,21 +21,34 @@ function busy(on) {
   $("pg-stop").disabled = !on;
 }
 
+// With several models, an option says the model's state (and that it serves embeddings): choosing an
+// unloaded one is fine, sending to it loads it (the person's request, never the page's own doing).
+function optionText(m, several) {
+  const g = m.llamagate;
+  if (!several || !g) return m.id;
+  return `${m.id} (${g.embeddings ? "embeddings, " : ""}${g.state})`;
+}
+
 export async function loadModels() {
   const select = $("pg-model");
   try {
     const list = await getJson("/v1/models");
-    const ids = (list.data || []).map((m) => m.id);
+    const models = list.data || [];
+    const ids = models.map((m) => m.id);
     const current = select.value;
     select.replaceChildren(
-      ...ids.map((id) => {
+      ...models.map((m) => {
         const option = document.createElement("option");
-        option.value = id;
-        option.textContent = id;
+        option.value = m.id;
+        option.textContent = optionText(m, models.length > 1);
         return option;
       }),
     );
+    // Keep the person's choice; else the first loaded chat model, the first loaded one, the first.
+    const loaded = models.filter((m) => m.llamagate?.state === "loaded");
+    const pick = loaded.find((m) => !m.llamagate.embeddings) || loaded[0];
     if (ids.includes(current)) select.value = current;
+    else if (pick) select.value = pick.id;
     showMessage("pg-message", "");
     return true;
   } catch (err) {

@@ -1,11 +1,18 @@
 // The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load
 // and /slots. One round at a time (see poller.js); each request gives up after api.js's timeout.
+//
+// Several models (/readyz has "models"): one row per model, its slots from /admin/load's "models"
+// (admin) or /readyz's (else). No /slots then: /slots?model= of an unloaded model only answers 503,
+// and nothing on this page may load a model (a GET never does; the page sends no POST from here).
 
 import { ApiError, getJson, getKey, request } from "./api.js";
 import { bytes, clock, duration, setText, showMessage, stateClass } from "./format.js";
 
 // What the last round learned about the key: "none", "admin", "no-admin" or "refused".
 export const keyState = { scope: "none", message: "" };
+
+// Whether the last /readyz listed several models (then the round skips the default model's /slots).
+let several = false;
 
 async function readReadyz() {
   // 503 is an answer too: its body says why the child is not ready.
@@ -79,6 +86,52 @@ function renderIdentity(id) {
   setText("id-host", `${host.cpu_model || "?"}, ${host.cpu_usable ?? "?"} CPUs, ${bytes(host.memory_total_bytes)}`);
 }
 
+// The word /v1/models uses for a supervisor state.
+function loadedWord(state) {
+  if (state === "READY") return "loaded";
+  if (state === "FAILED") return "failed";
+  if (state === "UNLOADED" || state === "STOPPED") return "unloaded";
+  return "loading";
+}
+
+function cell(text, cls = "") {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined || text === "" ? "–" : String(text);
+  if (cls) td.className = cls;
+  return td;
+}
+
+// One row per model; ``gates``: /admin/load's "models" (admin key), else null and /readyz's figures.
+function renderModels(models, gates) {
+  several = Boolean(models) && Object.keys(models).length > 1;
+  document.getElementById("models").hidden = !several;
+  document.getElementById("child-title").textContent = several ? "Daemon (every model)" : "Child";
+  // /admin/identity's top level describes the default model (the first always one).
+  document.getElementById("identity-title").textContent = several ? "Identity (default model)" : "Identity";
+  if (!several) return;
+  const rows = Object.entries(models).map(([name, m]) => {
+    const gate = (gates && gates[name]) || m;
+    const others = (m.aliases || []).filter((a) => a !== name);
+    const aliases = others.length ? ` (also ${others.join(", ")})` : "";
+    // An on_demand model at rest is not a problem: no warning colour for it.
+    const cls = m.state === "UNLOADED" ? "state" : `state ${stateClass(m.state, m.ready)}`;
+    const tr = document.createElement("tr");
+    tr.dataset.model = name;
+    tr.append(
+      cell(name + aliases),
+      cell(`${loadedWord(m.state)} (${m.state})`, cls),
+      cell(m.residency),
+      cell(`${gate.in_flight} / ${gate.slots}`),
+      cell(gate.queued),
+      cell(m.restarts),
+      cell(duration(m.uptime_s)),
+      cell(m.ready ? "" : m.reason),
+    );
+    return tr;
+  });
+  document.getElementById("models-body").replaceChildren(...rows);
+}
+
 function showAdminParts(admin, note) {
   document.getElementById("tenants").hidden = !admin;
   document.getElementById("identity").hidden = !admin;
@@ -94,7 +147,10 @@ async function readAdmin() {
     const identity = await getJson("/admin/identity");
     keyState.scope = "admin";
     keyState.message = "";
-    const [load, slots] = await Promise.allSettled([getJson("/admin/load"), getJson("/slots")]);
+    const [load, slots] = await Promise.allSettled([
+      getJson("/admin/load"),
+      several ? Promise.resolve(null) : getJson("/slots"),
+    ]);
     return { identity, load, slots };
   } catch (err) {
     if (!(err instanceof ApiError)) throw err;
@@ -130,10 +186,15 @@ export async function pollStatus() {
     setText("st-state", "unreachable").className = "state bad";
   }
   const a = admin.status === "fulfilled" ? admin.value : null;
+  const load = a && a.load.status === "fulfilled" ? a.load.value : null;
+  if (ready.status === "fulfilled") renderModels(ready.value.body.models, load && load.models);
   if (a) {
     renderIdentity(a.identity);
-    if (a.load.status === "fulfilled") renderTenants(a.load.value);
-    if (a.slots.status === "fulfilled" && Array.isArray(a.slots.value)) {
+    if (load) renderTenants(load);
+    if (several) {
+      // Every model's permits together (each model's own row is in the models table).
+      setText("st-slots", load ? `${load.in_flight} / ${load.slots} (every model)` : null);
+    } else if (a.slots.status === "fulfilled" && Array.isArray(a.slots.value)) {
       const busy = a.slots.value.filter((s) => s.is_processing).length;
       setText("st-slots", `${busy} / ${a.slots.value.length}`);
     } else {
@@ -144,7 +205,12 @@ export async function pollStatus() {
     if (ready.status === "fulfilled") {
       // Without an admin key, the proxy's own count: requests holding a slot permit.
       const r = ready.value.body;
-      setText("st-slots", `${r.in_flight} / ${r.slots}`);
+      if (several) {
+        const slots = Object.values(r.models).reduce((sum, m) => sum + m.slots, 0);
+        setText("st-slots", `${r.in_flight} / ${slots} (every model)`);
+      } else {
+        setText("st-slots", `${r.in_flight} / ${r.slots}`);
+      }
     }
     showAdminParts(false, keyState.scope === "no-admin" ? keyState.message : "Needs an admin key.");
   }

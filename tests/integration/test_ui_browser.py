@@ -4,7 +4,8 @@ One daemon, one browser, the whole tour: the redirect, a wrong key, an admin key
 identity, per-tenant load), the playground (streamed text, time to first token, token counts), stop
 during a long answer (the slot is freed), a 429 with its Retry-After, and at the end: every request the
 page made went to the daemon's own origin, no Content-Security-Policy violation or script error was
-logged, and status polls never overlapped.
+logged, and status polls never overlapped. Then a daemon serving two models (one loaded, one on_demand
+and unloaded): a row per model, the page never loading the unloaded one, the playground's model select.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (and ``selenium``, in the test extra). Without them
 the test is skipped, except under ``CI=true``, where it fails: CI must run it.
@@ -21,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,11 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.auth import new_key
+from proxy.model_router import ModelEntry, ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
 from tests.fakes.fake_upstream import StaticSource, snapshot_for
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
+from tests.integration.test_multi_model_e2e import child_pid, two_models
 
 pytestmark = pytest.mark.integration
 
@@ -341,12 +344,113 @@ def test_status_and_playground_in_chromium(
         assert previous_end is not None and start >= previous_end, polls
 
 
+def test_each_model_of_a_several_model_daemon_in_chromium(
+    daemon_factory: DaemonFactory, browser: Any, screenshots: Path
+) -> None:
+    # "chat" loaded (always); "embed" on_demand and unloaded, with an idle time far beyond the test: only
+    # a request could load it, and the page must never send one. "embed" comes first in the config, so
+    # the playground must pick the loaded model, not the first one.
+    config = two_models(daemon_factory, residency="on_demand", idle_unload_s=3600)
+    config["models"].reverse()
+    d = daemon_factory(config)
+    page = Page(browser, d, screenshots)
+    origin = d.base_url
+
+    def models() -> dict[str, list[str]]:
+        # model name (before " (also ...)") -> its row's cells
+        return {cells[0].split(" ")[0]: cells for cells in page.rows("models-body")}
+
+    def row(name: str) -> list[str]:
+        return models().get(name, [])
+
+    def embed_unloaded() -> bool:
+        code, body = d.readyz()
+        unloaded = code == 200 and body["models"]["embed"]["state"] == "UNLOADED"
+        return unloaded and child_pid(d, "embed") is None
+
+    # Without a key: each model from /readyz, its state, residency and slots.
+    browser.get(origin + "/ui/")
+    page.wait(lambda: set(models()) == {"chat", "embed"}, "a row per model without a key")
+    assert page.el("models").is_displayed()
+    chat, embed = row("chat"), row("embed")
+    assert chat[:6] == ["chat (also chat-alias)", "loaded (READY)", "always", "0 / 1", "0", "0"], chat
+    assert chat[7] == "\u2013", chat  # no reason while ready: the page's dash
+    assert embed[:5] == ["embed", "unloaded (UNLOADED)", "on_demand", "0 / 1", "0"], embed
+    assert embed[7].startswith("not loaded: on_demand"), embed
+    assert page.text("st-slots") == "0 / 2 (every model)"
+    assert page.text("child-title") == "Daemon (every model)"
+
+    # The admin key: each model's gate from /admin/load; the unloaded model stays unloaded while the
+    # page polls round after round.
+    page.enter_key(d.admin_key)
+    page.wait(lambda: "admin scope" in page.text("key-status"), "the admin key to be accepted")
+    rounds = int(page.dataset("pollRounds"))
+    page.wait(lambda: int(page.dataset("pollRounds")) >= rounds + 3, "three admin rounds", timeout=90)
+    assert row("embed")[1:4] == ["unloaded (UNLOADED)", "on_demand", "0 / 1"], row("embed")
+    assert page.text("st-slots") == "0 / 2 (every model)"
+    assert page.text("identity-title") == "Identity (default model)"
+    assert page.text("id-slots") == "1"  # the default model's own, "chat"
+    assert embed_unloaded(), "the page loaded the on_demand model"
+    page.shot("status-models.png")
+
+    # The playground: both models offered, the loaded chat model chosen; its answer streams in.
+    page.el("tab-playground").click()
+    options = "return [...document.getElementById('pg-model').options].map(o => [o.value, o.textContent])"
+    page.wait(lambda: len(browser.execute_script(options)) == 2, "the model select")
+    assert browser.execute_script(options) == [
+        ["embed", "embed (embeddings, unloaded)"],
+        ["chat", "chat (loaded)"],
+    ]
+    assert page.el("pg-model").get_attribute("value") == "chat"
+    page.type_into("pg-prompt", "Once upon a time")
+    page.type_into("pg-max-tokens", "24")
+    page.el("pg-send").click()
+    page.wait(lambda: page.text("pg-state") == "done", "the answer to finish", timeout=180)
+    assert page.text("pg-output").strip()
+    assert re.fullmatch(r"\d+ ms", page.text("pg-ttft")), page.text("pg-ttft")
+    page.shot("playground-models.png")
+
+    # A long answer holds the chat model's slot: its row says so, and Stop gives it back.
+    page.type_into("pg-max-tokens", "3000")
+    page.el("pg-send").click()
+    page.wait(lambda: page.text("pg-state") == "generating…", "generating")
+    page.wait(lambda: row("chat")[3] == "1 / 1", "the chat model's slot busy in its row")
+    assert row("embed")[3] == "0 / 1"
+    page.el("pg-stop").click()
+    page.wait(lambda: page.text("pg-state") == "stopped", "the stopped state")
+    page.wait(lambda: row("chat")[3] == "0 / 1", "the chat model's slot free again in its row")
+    assert embed_unloaded(), "the on_demand model was loaded"
+
+    page.collect_logs()
+    sent = [m["params"] for m in page.network if m["method"] == "Network.requestWillBeSent"]
+    requests = [r["request"] for r in sent if r["documentURL"].startswith(origin + "/")]
+    urls = [r["url"] for r in requests]
+    assert any(u.endswith("/admin/load") for u in urls)
+    assert [u for u in urls if not u.startswith(origin + "/")] == []
+    # No /slots?model= (an unloaded model's answers 503); the page's only POSTs are the two chats, to "chat".
+    assert not any("/slots?" in u for u in urls), urls
+    posts = [r for r in requests if r["method"] != "GET"]
+    assert [r["url"] for r in posts] == [origin + "/v1/chat/completions"] * 2, posts
+    assert all(json.loads(r["postData"])["model"] == "chat" for r in posts)
+    problems = [
+        e["message"]
+        for e in page.console
+        if re.search(r"Content Security Policy|Refused to|TrustedHTML|Uncaught", e["message"])
+    ]
+    assert problems == [], problems
+
+
 @contextmanager
-def proxy_in_thread(settings: ProxySettings, source: StaticSource) -> Iterator[str]:
-    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous)."""
-    config = uvicorn.Config(
-        create_app(settings, source), host="127.0.0.1", port=0, log_level="warning", access_log=False
-    )
+def proxy_in_thread(
+    settings: ProxySettings, source: StaticSource, models: Sequence[ModelEntry] = ()
+) -> Iterator[str]:
+    """The proxy app on a real port in a thread of its own (the browser test itself is synchronous);
+    with ``models``, a several-model proxy routing to them, as the daemon sets it up."""
+    app = create_app(settings, source)
+    if models:
+        runtime = app.state.runtime
+        runtime.router = ModelRouter(runtime, models)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="proxy", daemon=True)
     thread.start()
@@ -436,3 +540,40 @@ def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots:
         if re.search(r"Content Security Policy|Refused to|Uncaught", e["message"])
     ]
     assert problems == [], problems
+
+
+def test_each_models_failure_and_load_with_a_fake_several_model_proxy(
+    browser: Any, screenshots: Path
+) -> None:
+    """The states a real daemon cannot be asked to show on cue: one of two models FAILED, then loading."""
+    settings = ProxySettings(tenants=(TenantSettings("default"),))
+    chat = StaticSource(snapshot_for(None, None, slots=1, model_alias="chat"))
+    embed = StaticSource(snapshot_for(None, None, slots=1, model_alias="embed"))
+    daemon = StaticSource(snapshot_for(None, None, slots=1, model_alias="chat"))
+    models = [ModelEntry("chat", ("chat",), chat), ModelEntry("embed", ("embed",), embed)]
+    with proxy_in_thread(settings, daemon, models) as origin:
+        page = Page(browser, None, screenshots)
+
+        def row(name: str) -> list[str]:
+            return next((cells for cells in page.rows("models-body") if cells[0] == name), [])
+
+        def state_class(name: str) -> str:
+            script = (
+                "return document.querySelector(`#models-body tr[data-model='${arguments[0]}']`)"
+                ".cells[1].className"
+            )
+            return str(browser.execute_script(script, name))
+
+        failure = "5 restarts within 300 s; last: exited with code 1"
+        embed.update(state="FAILED", ready=False, reason=failure)
+        daemon.update(state="FAILED", ready=False, reason=f"not ready: 'embed' (FAILED: {failure})")
+        browser.get(origin + "/ui/")
+        page.wait(lambda: row("embed")[1:2] == ["failed (FAILED)"], "the failed model's row")
+        assert row("embed")[7] == failure and "bad" in state_class("embed")
+        assert row("chat")[1] == "loaded (READY)" and "ok" in state_class("chat")
+        assert "'embed'" in page.text("status-message") and "FAILED" in page.text("status-message")
+        page.shot("status-models-failed.png")
+
+        embed.update(state="STARTING", ready=False, reason="loading model")
+        page.wait(lambda: row("embed")[1:2] == ["loading (STARTING)"], "the loading model's row")
+        assert row("embed")[7] == "loading model" and "warn" in state_class("embed")
