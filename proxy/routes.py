@@ -96,6 +96,9 @@ class Readyz:
             # The door's own gate takes no request then: the totals are the models' sums.
             body["in_flight"] = sum(lane.runtime.in_flight for lane in router.lanes.values())
             body["queued"] = sum(lane.runtime.queued for lane in router.lanes.values())
+            # ``slots`` stays the default model's (as its ``model`` and ``ctx_per_slot``); beside the sums
+            # above, every model's slots together.
+            body["slots_total"] = sum(lane.runtime.snapshot().slots for lane in router.lanes.values())
         if ready:
             await send_json(send, 200, body)
         else:

@@ -213,7 +213,7 @@ async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
             chat_team = next(t for t in load["models"]["chat"]["tenants"] if t["name"] == "team")
             assert chat_team["max_concurrency"] == TenantSettings("team").max_concurrency
             ready = (await c.get("/readyz")).json()
-            assert ready["in_flight"] == 1
+            assert ready["in_flight"] == 1 and ready["slots_total"] == 2 + 3 + 5
         finally:
             permit.release()
 
