@@ -115,10 +115,12 @@ def check(
     if capacity > 0 and n > capacity:
         raise BadRequest(f"'n' of {n} exceeds the server's {capacity} slots: it can never run")
     slots = min(sequences, capacity) if capacity > 0 else sequences
-    if slots > tenant.max_concurrency:
+    # Wider than what the tenant may ever hold (per model, or in total across models): a retry cannot help.
+    limit = min(tenant.max_concurrency, tenant.max_concurrency_total or tenant.max_concurrency)
+    if slots > limit:
         raise BadRequest(
             f"this request would occupy {slots} slots at once ({n} completions x {prompts} prompts); "
-            f"this tenant may hold {tenant.max_concurrency}: send fewer prompts or a smaller 'n'"
+            f"this tenant may hold {limit}: send fewer prompts or a smaller 'n'"
         )
     if not admin:
         rewritten = _drop_slot_choice(payload) or rewritten

@@ -148,3 +148,14 @@ def test_held_counts_are_given_back_on_every_path() -> None:
     with totals.hold(unlimited, 100):
         assert totals.held("free") == 100
     assert totals.held("free") == 0
+
+
+def test_a_request_wider_than_the_tenants_total_is_a_400_not_a_429_to_retry() -> None:
+    from proxy import limits
+    from proxy.errors import BadRequest
+
+    team = TenantSettings("team", max_concurrency=4, max_n=4, max_concurrency_total=2)
+    payload = {**CHAT, "n": 3}
+    with pytest.raises(BadRequest, match=r"would occupy 3 slots at once .* this tenant may hold 2"):
+        limits.check("chat", payload, team, admin=False, capacity=4)
+    assert limits.check("chat", {**CHAT, "n": 2}, team, admin=False, capacity=4).slots == 2
