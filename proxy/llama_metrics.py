@@ -182,13 +182,13 @@ class LlamaServerMetrics(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Only the fixed families: the upstream ones are whatever llama-server serves.
-        return _status_families(None, None)
+        return iter(status_families({}))
 
     def collect(self) -> Iterator[Metric]:
         last = self._last
         if last is not None:
             yield from last.families
-        yield from _status_families(last, self._snapshot().model_alias)
+        yield from status_families({self._snapshot().model_alias: last})
 
     async def aclose(self) -> None:
         if self._inflight is not None:
@@ -196,9 +196,10 @@ class LlamaServerMetrics(Collector):
         await self._client.aclose()
 
 
-def _status_families(last: Scrape | None, model: str | None) -> Iterator[Metric]:
-    """The fetch's status, labelled with the served model's alias as a several-model daemon labels each
-    model's (``proxy.llama_metrics_models``): one set of rules reads both. ``model`` None: names only."""
+def status_families(scrapes: Mapping[str, Scrape | None]) -> list[Metric]:
+    """The status of each model's last fetch, labelled with its name (one model's daemon: its alias), as
+    a one-model and a several-model daemon (``proxy.llama_metrics_models``) both label it: one set of
+    rules reads both. No scrapes: the families with no sample (``describe``)."""
     ok = GaugeMetricFamily(
         "llamagate_upstream_scrape_ok",
         "1 when the last fetch of llama-server's /metrics succeeded (its llamacpp_* series are then served)",
@@ -209,8 +210,7 @@ def _status_families(last: Scrape | None, model: str | None) -> Iterator[Metric]
         "Duration of the last fetch of llama-server's /metrics",
         labels=["model"],
     )
-    if model is not None:
+    for model, last in scrapes.items():
         ok.add_metric([model], 1.0 if last is not None and last.ok else 0.0)
         duration.add_metric([model], last.duration_s if last is not None else 0.0)
-    yield ok
-    yield duration
+    return [ok, duration]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from proxy.llama_metrics import LlamaServerMetrics
+from proxy.llama_metrics import LlamaServerMetrics, status_families
 from proxy.readiness import UpstreamSnapshot
 
 Snapshots = Callable[[], Mapping[str, Callable[[], UpstreamSnapshot]]]
@@ -36,7 +36,7 @@ class ModelsLlamaMetrics(Collector):
         await asyncio.gather(*(m.refresh() for m in self._by_model.values()))
 
     def describe(self) -> Iterator[Metric]:
-        return iter(_status({}))
+        return iter(status_families({}))
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
@@ -48,26 +48,8 @@ class ModelsLlamaMetrics(Collector):
                     into = merged[family.name] = Metric(family.name, family.documentation, family.type)
                 into.samples.extend(family.samples)
         yield from merged.values()
-        yield from _status(self._by_model)
+        yield from status_families({name: m.last for name, m in self._by_model.items()})
 
     async def aclose(self) -> None:
         for metrics in self._by_model.values():
             await metrics.aclose()
-
-
-def _status(by_model: Mapping[str, LlamaServerMetrics]) -> list[Metric]:
-    ok = GaugeMetricFamily(
-        "llamagate_upstream_scrape_ok",
-        "1 when the last fetch of llama-server's /metrics succeeded (its llamacpp_* series are then served)",
-        labels=["model"],
-    )
-    duration = GaugeMetricFamily(
-        "llamagate_upstream_scrape_duration_seconds",
-        "Duration of the last fetch of llama-server's /metrics",
-        labels=["model"],
-    )
-    for name, metrics in by_model.items():
-        last = metrics.last
-        ok.add_metric([name], 1.0 if last is not None and last.ok else 0.0)
-        duration.add_metric([name], last.duration_s if last is not None else 0.0)
-    return [ok, duration]
