@@ -164,6 +164,15 @@ class Page:
         field.clear()
         field.send_keys(value)
 
+    def ask(self, prompt: str, max_tokens: int) -> None:
+        """Send a prompt from the playground and wait for the whole answer, streamed, with its TTFT."""
+        self.type_into("pg-prompt", prompt)
+        self.type_into("pg-max-tokens", str(max_tokens))
+        self.el("pg-send").click()
+        self.wait(lambda: self.text("pg-state") == "done", "the answer to finish", timeout=180)
+        assert self.text("pg-output").strip()
+        assert re.fullmatch(r"\d+ ms", self.text("pg-ttft")), self.text("pg-ttft")
+
     def rows(self, tbody_id: str) -> list[list[str]]:
         script = (
             "return [...document.getElementById(arguments[0]).rows]"
@@ -232,12 +241,7 @@ def test_status_and_playground_in_chromium(
     page.el("tab-playground").click()
     page.wait(lambda: page.el("pg-model").get_attribute("value") == MODEL, "the model list")
     page.type_into("pg-system", "You are terse.")
-    page.type_into("pg-prompt", "Once upon a time")
-    page.type_into("pg-max-tokens", "24")
-    page.el("pg-send").click()
-    page.wait(lambda: page.text("pg-state") == "done", "the answer to finish", timeout=180)
-    assert page.text("pg-output").strip()
-    assert re.fullmatch(r"\d+ ms", page.text("pg-ttft")), page.text("pg-ttft")
+    page.ask("Once upon a time", 24)
     assert 0 < int(page.text("pg-completion-tokens")) <= 24
     assert int(page.text("pg-prompt-tokens")) > 0
     assert re.fullmatch(r"\d+\.\d", page.text("pg-rate")), page.text("pg-rate")
@@ -402,12 +406,7 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
         ["chat", "chat (loaded)"],
     ]
     assert page.el("pg-model").get_attribute("value") == "chat"
-    page.type_into("pg-prompt", "Once upon a time")
-    page.type_into("pg-max-tokens", "24")
-    page.el("pg-send").click()
-    page.wait(lambda: page.text("pg-state") == "done", "the answer to finish", timeout=180)
-    assert page.text("pg-output").strip()
-    assert re.fullmatch(r"\d+ ms", page.text("pg-ttft")), page.text("pg-ttft")
+    page.ask("Once upon a time", 24)
     page.shot("playground-models.png")
 
     # A long answer holds the chat model's slot: its row says so, and Stop gives it back.
