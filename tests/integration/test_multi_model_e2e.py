@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 from openai import OpenAI
+from openai.types.chat import ChatCompletionChunk
 
 from tests.integration.conftest import Daemon, DaemonFactory, process_gone, wait_until
 
@@ -47,6 +49,14 @@ def two_models(factory: DaemonFactory, **embed: Any) -> dict[str, Any]:
 
 def client(d: Daemon) -> OpenAI:
     return OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0, timeout=120)
+
+
+def open_stream(c: OpenAI, model: str, prompt: str, max_tokens: int) -> Iterator[ChatCompletionChunk]:
+    """A chat answer streaming from ``model``: the chunks, read as the test goes."""
+    stream = c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, stream=True
+    )
+    return iter(stream)
 
 
 def chat(d: Daemon, name: str = "chat") -> str:
@@ -92,13 +102,7 @@ def test_two_models_serve_through_one_key_at_the_same_time(daemon_factory: Daemo
 
     # An embeddings request runs and completes while a chat stream is open on the other model.
     with client(d) as c:
-        stream = c.chat.completions.create(
-            model="chat-alias",
-            messages=[{"role": "user", "content": "Count to twenty."}],
-            max_tokens=48,
-            stream=True,
-        )
-        chunks = iter(stream)
+        chunks = open_stream(c, "chat-alias", "Count to twenty.", 48)
         first = next(chunks)
         assert first.model == "chat"
         vector = embed(d)
@@ -192,13 +196,7 @@ def test_sigterm_drains_every_model_then_stops_every_child(daemon_factory: Daemo
     d = daemon_factory(overrides)
     pids = [child_pid(d, "chat"), child_pid(d, "embed")]
     with client(d) as c:
-        stream = c.chat.completions.create(
-            model="chat",
-            messages=[{"role": "user", "content": "Count from one to fifty in words."}],
-            max_tokens=24,
-            stream=True,
-        )
-        chunks = iter(stream)
+        chunks = open_stream(c, "chat", "Count from one to fifty in words.", 24)
         assert next(chunks).choices
         d.signal(signal.SIGTERM)
         d.wait_for(lambda code, b: code == 503 and b["ready"] is False, "readiness off", timeout=10)

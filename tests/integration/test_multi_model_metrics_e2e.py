@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import Daemon, DaemonFactory
-from tests.integration.test_multi_model_e2e import client, two_models
+from tests.integration.test_multi_model_e2e import client, open_stream, two_models
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +49,7 @@ def test_every_series_carries_its_model(daemon_factory: DaemonFactory) -> None:
     with client(d) as c:
         # While a chat stream holds the chat model's one slot, the gauge shows it on that model only;
         # an embeddings request to the other model loads it and is answered meanwhile.
-        stream = c.chat.completions.create(
-            model="chat",
-            messages=[{"role": "user", "content": "Count to twenty."}],
-            max_tokens=48,
-            stream=True,
-        )
-        chunks = iter(stream)
+        chunks = open_stream(c, "chat", "Count to twenty.", 48)
         assert next(chunks).model == "chat"
         s = scrape(d)
         assert value(s, "llamagate_in_flight_requests", model="chat", tenant=tenant) == 1

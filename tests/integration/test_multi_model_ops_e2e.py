@@ -16,6 +16,7 @@ import pytest
 from openai import OpenAI
 
 from tests.integration.conftest import Daemon, DaemonFactory
+from tests.integration.test_multi_model_e2e import open_stream
 
 pytestmark = pytest.mark.integration
 
@@ -91,13 +92,7 @@ def test_admin_and_counting_routes_reach_the_model_they_name(daemon_factory: Dae
 
     # /admin/load: each model's gate, and the totals. A request in flight shows on its model.
     with OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0, timeout=120) as c:
-        stream = c.chat.completions.create(
-            model="chat",
-            messages=[{"role": "user", "content": "Count from one to thirty in words."}],
-            max_tokens=48,
-            stream=True,
-        )
-        chunks = iter(stream)
+        chunks = open_stream(c, "chat", "Count from one to thirty in words.", 48)
         assert next(chunks).model == "chat"
         load = get(d, "/admin/load", admin).json()
         rest = list(chunks)
