@@ -135,9 +135,7 @@ class Inference:
                 )
             rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
             try:
-                # A client that leaves while its model loads ends its wait (the load itself goes on).
-                async with ClientWatch(receive):
-                    await router.load(lane)
+                await router.load(lane, receive)
                 snap = rt.ready_snapshot()
                 await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
             finally:

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.context import SCOPE_KEY, RequestContext
+from proxy.disconnect import ClientWatch
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
 from proxy.readiness import UpstreamSnapshot, UpstreamSource
 from proxy.routes import send_json
@@ -142,10 +143,14 @@ class ModelRouter:
             raise Forbidden(f"tenant '{name}' may use none of the served models")
         return next((la for la in usable if la.entry.residency == "always"), usable[0])
 
-    async def load(self, lane: Lane) -> None:
+    async def load(self, lane: Lane, receive: Receive) -> None:
+        """Wait until an on_demand lane's model is loaded (at once for the others). A client that leaves
+        meanwhile ends its wait (``ClientGone``); the load itself goes on for whoever asks next. The body
+        must have been read (``ClientWatch``)."""
         source = lane.entry.source
         if isinstance(source, LoadsOnDemand):
-            await source.ensure_loaded()
+            async with ClientWatch(receive):
+                await source.ensure_loaded()
 
     # --- what /readyz and /v1/models show -----------------------------------------------------------
     def model_states(self) -> dict[str, dict[str, object]]:

@@ -184,8 +184,7 @@ class Passthrough:
         try:
             if post:
                 lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
-                async with ClientWatch(receive):  # a client that leaves ends its wait for the load
-                    await router.load(lane)
+                await router.load(lane, receive)
             snap = rt.snapshot()
             if snap.base_url is None or (self.need_ready and not snap.ready):
                 why = snap.reason or snap.state
