@@ -23,13 +23,10 @@ import httpx
 import pytest
 
 from proxy.auth import new_key
-from supervisor.bench.nginx import Nginx, nginx_binary, start_nginx
+from supervisor.bench.nginx import Nginx, start_nginx
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx")]
 
 REPLICAS = 3
 MODEL = "gemma-3-270m"

@@ -109,11 +109,13 @@ def test_not_the_text_format_is_an_error() -> None:
         relabel("<html>not metrics</html>\n", LABELS)
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_accepts_the_relabeled_exposition() -> None:
     result = check_metrics(relabel_text(CAPTURED))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_rejects_the_raw_upstream_names() -> None:
     # Guards the test above: promtool does lint what we feed it.
     raw = CAPTURED.replace("llamacpp:", "llamacpp_")

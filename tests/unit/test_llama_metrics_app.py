@@ -75,6 +75,7 @@ def names(text: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.needs_tool("promtool")
 async def test_admin_metrics_serve_proxy_and_relabeled_llama_series(served) -> None:  # type: ignore[no-untyped-def]
     main, _, _ = served
     await main.get("/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"})
@@ -95,6 +96,7 @@ async def test_inference_keys_and_anonymous_callers_get_no_metrics(served) -> No
     assert (await main.get("/metrics")).status_code == 401
 
 
+@pytest.mark.needs_tool("promtool")
 async def test_child_down_still_answers_200_without_the_upstream_part(served) -> None:  # type: ignore[no-untyped-def]
     main, source, local = served
     source.snap = replace(READY, state="BACKOFF", ready=False, base_url=None, secret=None, generation=2)

@@ -18,7 +18,9 @@ from types import ModuleType
 import pytest
 
 from tests.helpers import system
-from tests.helpers.system import TOOL_PACKAGES, require_tool
+from tests.helpers.system import TOOL_PACKAGES
+
+pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[2]
 CI_RUN = REPO / ".ci" / "run"
@@ -57,10 +59,37 @@ def test_the_readme_has_the_three_quick_start_blocks(readme: dict[str, list[str]
     assert readme["test"] == [".venv/bin/python -m pytest"]
 
 
+def _declared_tools() -> set[str]:
+    """Every tool a ``needs_tool`` marker in tests/ names (string literals; not this file's tiny suite)."""
+    names: set[str] = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        if path == Path(__file__).resolve():
+            continue
+        for args in re.findall(r"mark\.needs_tool\(([^)]*)\)", path.read_text()):
+            names.update(re.findall(r"""["']([^"']+)["']""", args))
+    return names
+
+
 def test_the_apt_line_installs_every_package_a_test_needs(readme: dict[str, list[str]]) -> None:
     packages = set(rc.apt_packages(readme["setup"][0]))
-    needed = {"build-essential", "cmake", "python3-venv", *TOOL_PACKAGES.values()}
+    declared = _declared_tools()
+    # The scan does see the markers (and each tool is in the table, so its package is known).
+    assert {"nginx", "promtool", "prometheus", "chromium", "chromedriver", "systemd-analyze"} <= declared
+    assert declared <= set(TOOL_PACKAGES), sorted(declared - set(TOOL_PACKAGES))
+    needed = {"build-essential", "cmake", "python3-venv", *(TOOL_PACKAGES[t] for t in declared)}
     assert needed <= packages, f"missing from the README's apt-get line: {sorted(needed - packages)}"
+
+
+def test_no_test_finds_a_system_tool_by_hand() -> None:
+    """The needs_tool marker is the one way: no skipif on a tool, no shutil.which outside the helper."""
+    tools = "|".join(re.escape(t) for t in TOOL_PACKAGES)
+    by_hand = re.compile(rf"skipif\((?:(?!\n\n).)*?(?:{tools})|shutil\.which\(", re.S)
+    found = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "tests").rglob("*.py")
+        if path != Path(system.__file__).resolve() and by_hand.search(path.read_text())
+    ]
+    assert found == []
 
 
 def test_ci_runs_the_readme_setup_first_and_its_test_command_last() -> None:
@@ -106,25 +135,114 @@ def test_for_ci_drops_sudo_only_as_root_and_skips_apt_when_installed(monkeypatch
     assert rc.apt_packages(venv) == []
 
 
-def test_a_missing_tool_skips_with_its_package_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(system, "find_tool", lambda name: None)
+def _stub(folder: Path, name: str, body: str) -> None:
+    (folder / name).write_text("#!/bin/sh\n" + body)
+    (folder / name).chmod(0o755)
+
+
+# --- the needs_tool marker (tests/helpers/system.py), run by a tiny suite with tests/conftest.py's wiring
+
+MISSING, PRESENT = "llamagate-no-such-tool", "llamagate-test-tool"
+TINY_SUITE = f"""
+import pytest
+
+from tests.helpers.system import require_tool
+
+
+@pytest.fixture
+def started():
+    raise AssertionError("a fixture ran before the tool check")
+
+
+@pytest.mark.needs_tool({MISSING!r})
+def test_missing(started):
+    pass
+
+
+@pytest.mark.needs_tool({PRESENT!r})
+def test_present():
+    assert require_tool({PRESENT!r}).endswith("/{PRESENT}")
+
+
+def test_undeclared():
+    require_tool({PRESENT!r})
+
+
+@pytest.mark.needs_tool("llamagate-" + "unknown")
+def test_unknown():
+    pass
+"""
+
+
+@pytest.fixture
+def tiny_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.Pytester:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, PRESENT, "exit 0\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(system, "_EXTRA_DIRS", ())
+    monkeypatch.setattr(system, "_POSTGRESQL_LIB", tmp_path / "no-postgresql")
+    monkeypatch.setitem(TOOL_PACKAGES, MISSING, "llamagate-missing-package")
+    monkeypatch.setitem(TOOL_PACKAGES, PRESENT, "llamagate-present-package")
+    # The suite's own conftest.py is tests/conftest.py, so the marker runs as wired there.
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
+    pytester.makeini(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    needs_tool: needs a system tool\n"
+    )
+    pytester.makepyfile(test_tiny=TINY_SUITE)
+    return pytester
+
+
+def test_a_missing_tool_skips_naming_its_package(
+    tiny_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(
-        pytest.skip.Exception, match="promtool not found: install the Debian package 'prometheus'"
+    result = tiny_suite.runpytest("-rA")
+    result.assert_outcomes(passed=1, skipped=1, failed=1, errors=1)
+    for lines in (
+        [f"SKIPPED * {MISSING} not found: install the Debian package 'llamagate-missing-package'*"],
+        ["PASSED test_tiny.py::test_present"],
+        ["*ERROR at setup of test_unknown*", "needs_tool('llamagate-unknown'): unknown tool; add it*"],
+        ["*_ test_undeclared _*", f"this test runs {PRESENT} without declaring it: mark it*"],
     ):
-        require_tool("promtool")
+        result.stdout.fnmatch_lines(lines)
+    result.stdout.no_fnmatch_line("*a fixture ran before the tool check*")
+
+
+def test_a_missing_tool_fails_under_ci(tiny_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI=true, so a missing tool is a failure"):
-        require_tool("promtool")
+    result = tiny_suite.runpytest("-rA")
+    result.assert_outcomes(passed=1, failed=1, errors=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of test_missing*",
+            f"{MISSING} not found*; CI=true, so a missing tool is a failure*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*a fixture ran before the tool check*")
 
 
 def test_tools_outside_a_users_path_are_found(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """nginx is in /usr/sbin, which a non-root user's PATH often lacks."""
+    """nginx is in /usr/sbin, which a non-root user's PATH often lacks; PostgreSQL's are on no PATH."""
     sbin = tmp_path / "sbin"
     sbin.mkdir()
-    (sbin / "nginx").write_text("#!/bin/sh\n")
-    (sbin / "nginx").chmod(0o755)
+    _stub(sbin, "nginx", "")
+    lib = tmp_path / "postgresql"
+    for version in ("9.6", "15", "13"):
+        (lib / version / "bin").mkdir(parents=True)
+        _stub(lib / version / "bin", "initdb", "")
+    (lib / "15" / "bin" / "pg_ctl").write_text("not executable")
     monkeypatch.setattr(system, "_EXTRA_DIRS", (str(sbin),))
+    monkeypatch.setattr(system, "_POSTGRESQL_LIB", lib)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     assert system.find_tool("nginx") == str(sbin / "nginx")
+    assert system.find_tool("initdb") == str(lib / "15" / "bin" / "initdb")  # the newest version
+    assert system.find_tool("pg_ctl") is None
     assert system.find_tool("no-such-tool") is None
+
+
+@pytest.mark.parametrize("tool", ["redis-server", "initdb", "postgres", "pg_ctl"])
+def test_the_tools_of_the_next_tests_have_their_packages(tool: str) -> None:
+    assert TOOL_PACKAGES[tool] == {"redis-server": "redis-server"}.get(tool, "postgresql")
