@@ -591,9 +591,13 @@ def _check_contents(conn: sqlite3.Connection, path: Path, state: State) -> None:
                     f"(no llamagate mark; tables: {shown})"
                 )
             return
+    # Opening reads little of the file; a damaged page elsewhere would surface later, at some write.
     problems = [r[0] for r in conn.execute("PRAGMA quick_check")]
     if problems != ["ok"]:
-        raise StoreError(f"{path}: corrupt: {problems[0]} (restore a backup: docs/operations.md)")
+        lines = [ln for p in problems for ln in p.splitlines() if ln and not ln.startswith("*** in database")]
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        first = lines[0] if lines else problems[0]
+        raise StoreError(f"{path}: corrupt: {first}{more}; restore a backup (docs/operations.md)")
 
 
 def open_store(

@@ -119,10 +119,26 @@ def test_a_corrupt_store_is_refused(store_path: Path) -> None:
     for i in range(200):
         store.add_key(issue_key(f"t{i}", frozenset({"inference"}), 1.0)[1])
     store.close()
+    conn = sqlite3.connect(store_path)
+    (leaf,) = conn.execute(
+        "SELECT max(pageno) FROM dbstat WHERE name = 'api_keys' AND pagetype = 'leaf'"
+    ).fetchone()
+    conn.close()
     data = bytearray(store_path.read_bytes())
     page = int.from_bytes(data[16:18], "big")
-    assert len(data) > 3 * page
-    data[2 * page : 3 * page] = b"\xff" * page  # a page of the keys' table, overwritten
+    start = (leaf - 1) * page
+    data[start + page - 400 : start + page] = b"\x07" * 400  # cells (at the page's end) garbled
+    store_path.write_bytes(bytes(data))
+    # Opening alone would not notice (it reads the schema, not this page): the check does.
+    message = refusal(store_path)
+    assert f"corrupt: On tree page {leaf} cell" in message and "restore a backup" in message
+
+
+def test_a_damaged_schema_page_is_refused(store_path: Path) -> None:
+    open_store(store_path).close()
+    data = bytearray(store_path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page + 8 : 2 * page] = b"\xff" * (page - 8)
     store_path.write_bytes(bytes(data))
     assert "corrupt" in refusal(store_path)
 
@@ -175,6 +191,16 @@ os.kill(os.getpid(), 9)
     store = open_store(store_path)
     assert store.schema_version() == latest()
     store.close()
+
+
+def test_a_new_store_is_marked_in_its_own_header_even_if_killed_at_once(store_path: Path) -> None:
+    code = (
+        "import os\nfrom proxy.accounts.sqlite import open_store\n"
+        f"open_store({str(store_path)!r})\nos.kill(os.getpid(), 9)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
+    assert run.returncode == -signal.SIGKILL
+    assert int.from_bytes(store_path.read_bytes()[68:72], "big") == APPLICATION_ID
 
 
 def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
