@@ -24,6 +24,26 @@ class KeyEntry:
 
 
 @dataclass(frozen=True)
+class BudgetSettings:
+    """Token and request budgets of a tenant or of one store key (``proxy.accounts.budgets``); None: no
+    limit. Tokens are prompt plus completion tokens, as the child reports them after each answer."""
+
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    requests_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The accounts store (``proxy.accounts``): keys made at run time, the usage ledger, budget windows."""
+
+    path: str  # the SQLite file, already resolved (the config loader picks the default)
+    # Per-request usage rows older than this are deleted; the hourly rollup keeps its own retention.
+    usage_retention_days: int = 31
+    rollup_retention_days: int = 400
+
+
+@dataclass(frozen=True)
 class TenantSettings:
     name: str
     max_concurrency: int = 2
@@ -51,6 +71,8 @@ class TenantSettings:
     models: tuple[str, ...] = ()
     # Slots held or awaited across every model at once (``proxy.tenant_totals``); None: no total.
     max_concurrency_total: int | None = None
+    # Tokens and requests per minute and per day (``proxy.accounts.budgets``); all None: no budget.
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 @dataclass(frozen=True)
@@ -130,3 +152,5 @@ class ProxySettings:
     count_burst: int = 40
     # The status page and playground at /ui/ (static files; their data needs a key). Off: 404.
     ui: bool = True
+    # Keys made at run time, the usage ledger and budget windows (``proxy.accounts``); None: no store.
+    store: StoreSettings | None = None

@@ -155,6 +155,8 @@ def test_directories_and_user(unit_text: str) -> None:
     assert d["User"][0] not in ("root", "0")
     assert f"LLAMAGATE_CACHE_DIR=/var/cache/{d['CacheDirectory'][0]}" in d["Environment"]
     assert d["ConfigurationDirectory"] == ["llamagate"]
+    # The accounts store's default file lives in the state directory: the service user's alone.
+    assert d["StateDirectory"] == ["llamagate"] and d["StateDirectoryMode"] == ["0700"]
     # The secrets file is optional ("-") and read by systemd as root before privileges drop.
     assert d["EnvironmentFile"][0].startswith("-/etc/llamagate/")
     # The static user the unit names is the one the sysusers file creates.

@@ -58,3 +58,7 @@ def test_wheel_contains_every_static_file(tmp_path: Path) -> None:
     assert "supervisor/child/machine.py" in modules
     assert [m for m in modules if m not in names] == []
     assert "supervisor/data/llama-build.lock" in names
+    # The accounts store's schema is plain SQL files beside the code: without them no store opens.
+    sql = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "proxy/accounts/migrations").glob("*.sql"))
+    assert "proxy/accounts/migrations/0001_accounts.sql" in sql
+    assert [m for m in sql if m not in names] == []
