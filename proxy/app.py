@@ -3,7 +3,7 @@
 The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
 ``CorsMiddleware`` (a no-op unless ``proxy.cors`` lists origins) and ``RequestContextMiddleware``
 (request id, error mapping, access log, metrics) around a dict lookup from path to a pure-ASGI endpoint
-(one per row of ``proxy.route_table``). Starlette's default stack (ServerErrorMiddleware,
+(one per row of ``proxy.routes.table``). Starlette's default stack (ServerErrorMiddleware,
 ExceptionMiddleware and a regex router) is not on the request path; its router still handles lifespan.
 Nothing in the chain buffers a response body. ``app.add_middleware`` therefore has no effect on
 requests: add layers here.
@@ -23,17 +23,18 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
-from proxy.admission import Admission
-from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
-from proxy.cors import CorsMiddleware
-from proxy.endpoints import routes as table_routes
+from proxy.admission.gate import Admission
+from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.metrics import AdmissionCollector, ProxyMetrics, Refreshable
-from proxy.readiness import UpstreamSource
-from proxy.route_table import served_paths
-from proxy.runtime import ProxyRuntime
+from proxy.metrics.proxy import AdmissionCollector, ProxyMetrics, Refreshable
+from proxy.middleware.context import RequestContextMiddleware, write_access_log
+from proxy.middleware.cors import CorsMiddleware
+from proxy.routes.build import routes as table_routes
+from proxy.routes.table import served_paths
+from proxy.routes.ui import ui_routes
 from proxy.settings import ProxySettings
-from proxy.ui import ui_routes
+from proxy.source import UpstreamSource
+from proxy.state import ProxyRuntime
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 

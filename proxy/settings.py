@@ -49,7 +49,7 @@ class TenantSettings:
     cache_prompt: bool = True
     # Names of the models this tenant may use (several-model daemons); empty: every model.
     models: tuple[str, ...] = ()
-    # Slots held or awaited across every model at once (``proxy.tenant_totals``); None: no total.
+    # Slots held or awaited across every model at once (``proxy.admission.totals``); None: no total.
     max_concurrency_total: int | None = None
 
 
@@ -68,7 +68,7 @@ class Listener:
 
 @dataclass(frozen=True)
 class DoorSettings:
-    """Limits of the listener itself, enforced before a request reaches the app (``proxy.door``)."""
+    """Limits of the listener itself, enforced before a request reaches the app (``proxy.listener``)."""
 
     # Request line (method, target, version) longer than this: 414.
     max_request_line_bytes: int = 8190

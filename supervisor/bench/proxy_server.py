@@ -21,9 +21,9 @@ from collections.abc import Mapping
 import uvicorn
 
 from proxy.app import create_app
-from proxy.door import FrontDoor, uvicorn_config
-from proxy.readiness import UpstreamSnapshot
+from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings
+from proxy.source import UpstreamSnapshot
 from supervisor import logs
 
 

@@ -2,7 +2,7 @@
 
 Everything but the children is the single-model ``Daemon`` (door, signals, drain, systemd, metrics
 listener); the children are a ``ModelSet`` in its ``supervisor`` seat, and the proxy routes by the
-request's ``model`` (``proxy.model_router``). Drain on SIGTERM covers every child: readiness goes
+request's ``model`` (``proxy.models.router``). Drain on SIGTERM covers every child: readiness goes
 false, in-flight requests of every model drain, then every child is stopped.
 
 SIGHUP compares the served models by name: a model removed is drained and stopped, one added is
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proxy.app import create_app
-from proxy.llama_metrics_models import ModelsLlamaMetrics
-from proxy.model_router import ModelEntry, ModelRouter
-from proxy.readiness import UpstreamSnapshot
+from proxy.metrics.llama_models import ModelsLlamaMetrics
+from proxy.models.router import ModelEntry, ModelRouter
 from proxy.settings import KeyEntry
+from proxy.source import UpstreamSnapshot
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
 from supervisor.child.osseam import ChildOs, Probes

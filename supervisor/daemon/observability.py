@@ -15,10 +15,10 @@ import socket
 import uvicorn
 from prometheus_client.registry import Collector
 
-from proxy.door import FrontDoor, uvicorn_config
-from proxy.llama_metrics import LlamaServerMetrics
-from proxy.metrics import ProxyMetrics
-from proxy.metrics_listener import create_metrics_app
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.metrics.listener import create_metrics_app
+from proxy.metrics.llama import LlamaServerMetrics
+from proxy.metrics.proxy import ProxyMetrics
 from supervisor.child.driver import ChildSupervisor
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import _Server, bind_listener

@@ -33,7 +33,8 @@ from typing import Any
 import uvicorn
 
 from proxy.app import create_app
-from proxy.door import ForwardedFor, FrontDoor, uvicorn_config
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.middleware.forwarded import ForwardedFor
 from proxy.settings import KeyEntry
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
-from proxy.readiness import UpstreamSnapshot
+from proxy.source import UpstreamSnapshot
 from supervisor.bench.fake_llama import FakeLlama
 
 __all__ = ["FakeLlama", "StaticSource", "eventually", "serve", "snapshot_for"]

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.llama_metrics import LlamaServerMetrics
-from proxy.readiness import UpstreamSnapshot
+from proxy.metrics.llama import LlamaServerMetrics
 from proxy.settings import ProxySettings, TenantSettings
+from proxy.source import UpstreamSnapshot
 from supervisor.child.machine import GatePassed, Machine, Start
 from supervisor.child.restart import Policy
 from supervisor.daemon.metrics_collector import SupervisorCollector

@@ -33,7 +33,7 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.model_router import ModelEntry, ModelRouter
+from proxy.models.router import ModelEntry, ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
 from tests.fakes.fake_upstream import StaticSource, snapshot_for
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until

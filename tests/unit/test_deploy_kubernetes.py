@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.readiness import UpstreamSnapshot
 from proxy.settings import ProxySettings
+from proxy.source import UpstreamSnapshot
 from supervisor.config.load import parse_config
 from supervisor.config.schema import Config
 
@@ -202,7 +202,7 @@ def test_autoscaling_metrics_exist_in_the_proxy() -> None:
     # Only overload rejections should scale the service, not bad keys or bad requests.
     reasons = set(re.findall(r'reason=~"([^"]+)"', text))
     assert reasons, "the rejection-rate rule must filter by reason"
-    proxy_source = "\n".join(p.read_text() for p in (REPO / "proxy").glob("*.py"))
+    proxy_source = "\n".join(p.read_text() for p in (REPO / "proxy").rglob("*.py"))
     for alternatives in reasons:
         for reason in alternatives.split("|"):
             assert f'"{reason}"' in proxy_source, f"rejection reason {reason} does not exist in proxy/"

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
-from proxy.model_router import ModelEntry, ModelRouter
+from proxy.models.router import ModelEntry, ModelRouter
 from proxy.settings import TenantSettings
 from supervisor.config.load import parse_config
 from supervisor.config.models import served_models
@@ -83,9 +83,9 @@ def test_models_problems_are_reported_by_their_path() -> None:
 def router() -> ModelRouter:
     from prometheus_client import CollectorRegistry
 
-    from proxy.metrics import ProxyMetrics
-    from proxy.runtime import ProxyRuntime
+    from proxy.metrics.proxy import ProxyMetrics
     from proxy.settings import ProxySettings
+    from proxy.state import ProxyRuntime
 
     def source() -> StaticSource:
         return StaticSource(snapshot_for("http://127.0.0.1:1", "s"))

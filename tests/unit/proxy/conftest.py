@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.runtime import ProxyRuntime
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings, Timeouts
+from proxy.state import ProxyRuntime
 from tests.fakes.fake_upstream import FakeLlama, StaticSource, serve, snapshot_for
 
 SECRET = "per-boot-secret-xyz"

@@ -1,0 +1,293 @@
+"""The inference routes: check, admit, forward, relay.
+
+Order matters and is cheapest-refusal first: credentials (no body read for a stranger), readiness (503
+before reading), body size and JSON, model name, the tenant's bounds (``proxy.admission.cost``: ``n``, prompt
+arrays, ``id_slot``, logprobs, token cap; it also says how many slots the request occupies), the
+optional prompt-size check (before a slot is taken), then admission of that many slots, then the
+child. With several models (``proxy.models.router``) the body is read before readiness, since its
+``model`` names the child: then the model's lane (its own runtime and gate) is chosen, an unloaded
+on_demand model is loaded (the wait counts toward TTFT), and the same steps follow on that lane. Every
+step that can wait (queue, first token, the stream) runs under the client watch, so a
+client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
+other requests and goes on; a client that left during it is noticed at admission).
+
+Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
+stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
+
+Non-streamed chat and completions are asked of the child as streams and assembled here
+(``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
+Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
+back is ``proxy.streams.relay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.admission import cost as limits
+from proxy.admission.settle import SlotsSettled
+from proxy.asgi import body as bodies
+from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.asgi.disconnect import ClientWatch
+from proxy.auth import Principal
+from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.settings import TenantSettings
+from proxy.source import UpstreamSnapshot
+from proxy.state import ProxyRuntime
+from proxy.streams.assemble import AnswerTooLarge
+from proxy.streams.formats import OPENAI, StreamFormat
+from proxy.streams.relay import Exchange, Relay
+from proxy.upstream.connection import UpstreamClosed
+
+
+class _Plan:
+    """How this request goes to the child and back."""
+
+    __slots__ = ("assemble", "hide", "stream")
+
+    def __init__(self, stream: bool, assemble: limits.AssembledKind | None, hide: bool) -> None:
+        self.stream = stream  # the client asked for a stream
+        self.assemble = assemble  # non-streamed for the client, streamed from the child
+        self.hide = hide  # strip prompt-cache detail from the answer
+
+
+class Inference:
+    """ASGI endpoint for one inference route (a generation row of ``proxy.routes.table``), forwarded to
+    the same path on the child. ``embeddings``: the answer generates no tokens (embeddings, rerank), so
+    no token cap and no stream; ``needs``: the child feature the route requires; ``fmt``: how its stream
+    is measured; ``kind``: how ``proxy.admission.cost`` counts its cost (derived from the route when not
+    given)."""
+
+    def __init__(
+        self,
+        runtime: ProxyRuntime,
+        route: str,
+        embeddings: bool = False,
+        *,
+        fmt: StreamFormat = OPENAI,
+        needs: str | None = None,
+        kind: limits.RouteKind | None = None,
+    ) -> None:
+        self.rt = runtime
+        self.route = route
+        self.embeddings = embeddings
+        self.fmt = fmt
+        self.needs = needs if needs is not None else ("embeddings" if embeddings else None)
+        self.kind: limits.RouteKind = kind or ("embedding" if embeddings else limits.route_kind(route))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rt = self.rt
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = rt.authorize(ctx, self.route, "inference")
+        tenant = rt.tenant(principal.tenant)
+        router = rt.router
+        if router is None:
+            snap = rt.snapshot()
+            ctx.model = snap.model_alias  # the one served model: the same label as with several
+            if not snap.ready or snap.base_url is None:
+                snap = rt.ready_snapshot()  # raises NotReady saying why
+            if self.needs is not None and not getattr(snap, self.needs, False):
+                raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+        else:
+            # Several models: the body names the model, so it is read before readiness is known.
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+            lane = router.resolve(payload.get("model"), tenant)
+            ctx.model = lane.name
+            rt = lane.runtime
+            lane.touch()
+            if self.needs is not None and not getattr(rt.snapshot(), self.needs, False):
+                raise NotFound(
+                    f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)"
+                )
+            rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
+            try:
+                await router.load(lane, receive)
+                snap = rt.ready_snapshot()
+                await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+            finally:
+                rt.track_active(-1)
+                lane.touch()
+            return
+        await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+
+    async def _admitted(
+        self,
+        rt: ProxyRuntime,
+        ctx: RequestContext,
+        principal: Principal,
+        tenant: TenantSettings,
+        snap: UpstreamSnapshot,
+        raw: bytes,
+        payload: dict[str, Any],
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        admin = "admin" in principal.scopes
+        settings = rt.settings
+        rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
+        if rewrite:
+            payload["model"] = snap.model_alias
+        cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
+        rewrite = cost.rewritten or rewrite
+        stream = payload.get("stream") is True and not self.embeddings
+        if tenant.check_prompt_size:
+            prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
+        assemble = None if stream else limits.assembled_kind(self.route, payload)
+        if assemble is not None:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+            # Progress events while the prompt is processed: the child writes, so it notices a client
+            # that left during a long prompt too, not only once it generates (consumed here, never sent).
+            payload["return_progress"] = True
+            rewrite = True
+        if rewrite:
+            raw = bodies.dump(payload)
+        plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+
+        async with ClientWatch(receive) as watch:
+            if tenant.check_prompt_size:
+                # Re-read: the child may have restarted while the body was on its way.
+                await self._check_prompt_size(rt.ready_snapshot(), prompt_payload, ctx.request_id)
+            with rt.totals.hold(tenant, cost.slots):
+                permit = await rt.admission.acquire(tenant.name, cost.slots)
+                exchange = Exchange()
+                try:
+                    ctx.queue_wait_s = permit.queue_wait_s
+                    # The child may have restarted while we queued: never mix its old address and new
+                    # secret.
+                    snap = rt.ready_snapshot()
+                    relay = Relay(ctx, send, watch, self.fmt, exchange)
+                    await self._forward(snap, raw, plan, relay, ctx)
+                finally:
+                    linger_s = exchange.linger_s()
+                    if linger_s > 0:
+                        settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
+                        permit.release(linger_s, settled.wait)
+                    else:
+                        permit.release()
+
+    async def _forward(
+        self, snap: UpstreamSnapshot, raw: bytes, plan: _Plan, relay: Relay, ctx: RequestContext
+    ) -> None:
+        stream = plan.stream
+        exchange = relay.exchange
+        limit_bytes = self.rt.settings.max_response_bytes
+        timeouts = self.rt.settings.timeouts
+        loop = asyncio.get_running_loop()
+        total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
+        first_at = loop.time() + timeouts.first_token_s
+        try:
+            async with asyncio.timeout_at(min(first_at, total_at) if stream else total_at) as deadline:
+                exchange.sent = True
+                try:
+                    response = await self.rt.upstream.open(snap, "POST", self.route, raw, ctx.request_id)
+                except UpstreamFailure:
+                    exchange.sent = False  # never reached the child, or the child hung up: no slot busy
+                    raise
+                try:
+                    if stream and response.status == 200:
+                        await relay.stream(response, deadline, total_at, plan.hide)
+                    elif (
+                        plan.assemble is not None
+                        and response.status == 200
+                        and (response.content_type or b"").startswith(b"text/event-stream")
+                    ):
+                        await relay.assembled(response, plan.assemble, plan.hide, limit_bytes)
+                    else:
+                        await relay.whole(response, plan.hide, limit_bytes)
+                    exchange.finished = True
+                except AnswerTooLarge:
+                    raise  # we hang up on a child still generating: its slot lingers like an abandon
+                except UpstreamFailure:
+                    exchange.finished = True  # the child hung up: it holds no slot for us any more
+                    raise
+                finally:
+                    response.release()
+        except TimeoutError:
+            first_token = stream and ctx.ttft_s is None and first_at < total_at
+            phase, limit = (
+                ("first token", timeouts.first_token_s) if first_token else ("total", timeouts.total_s)
+            )
+            error = UpstreamTimeout(f"llama-server exceeded the {phase} deadline of {limit:g} s")
+            if not ctx.response_started:
+                raise error from None
+            await relay.end_with(error)
+
+    async def _check_prompt_size(
+        self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
+    ) -> None:
+        n_tokens = await count_prompt_tokens(self.rt, snap, self.route, payload, request_id)
+        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
+        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
+            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+
+# The child's own counter for a templated request: its chat template, not ours.
+COUNT_ROUTES = {
+    "/v1/chat/completions": "/v1/chat/completions/input_tokens",
+    "/chat/completions": "/v1/chat/completions/input_tokens",
+    "/v1/responses": "/v1/responses/input_tokens",
+    "/responses": "/v1/responses/input_tokens",
+    "/v1/messages": "/v1/messages/count_tokens",
+}
+
+
+async def count_prompt_tokens(
+    rt: ProxyRuntime, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
+) -> int | None:
+    """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
+    (then the child decides, as it would without the check)."""
+    counter = COUNT_ROUTES.get(route)
+    if counter is not None:
+        answer = await _ask(rt, snap, counter, bodies.dump(payload), request_id)
+        count = answer.get("input_tokens") if answer else None
+        return count if isinstance(count, int) else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    prompts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    longest: int | None = None
+    for text in prompts:
+        if not isinstance(text, str):
+            return None
+        answer = await _ask(
+            rt, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
+        )
+        tokens = answer.get("tokens") if answer else None
+        if not isinstance(tokens, list):
+            return None
+        longest = max(longest or 0, len(tokens))
+    return longest
+
+
+async def _ask(
+    rt: ProxyRuntime, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
+) -> dict[str, Any]:
+    limit = rt.settings.timeouts.first_token_s
+    try:
+        async with asyncio.timeout(limit):
+            response = await rt.upstream.open(snap, "POST", path, raw, request_id)
+            try:
+                content = await response.read()
+            except UpstreamClosed:
+                raise UpstreamFailure(
+                    "llama-server closed the connection while counting the prompt's tokens"
+                ) from None
+            finally:
+                response.release()
+    except TimeoutError:
+        raise UpstreamTimeout(f"llama-server did not count the prompt's tokens within {limit:g} s") from None
+    if response.status != 200:
+        return {}
+    try:
+        answer = bodies.parse_object(content)
+    except Exception:
+        return {}
+    return answer

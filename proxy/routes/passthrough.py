@@ -1,0 +1,231 @@
+"""Routes relayed to the child after auth, without an admission permit (llama-server answers them from
+its HTTP threads, not from a slot): llama.cpp's admin routes (``/slots``), ``/props`` (trimmed for
+inference keys) and the counting and templating routes (a per-tenant rate instead of a slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import parse_qs, quote
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.asgi import body as bodies
+from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.asgi.disconnect import ClientWatch
+from proxy.asgi.responses import send_bytes, send_json
+from proxy.auth import Principal
+from proxy.errors import Forbidden, NotReady, UpstreamFailure, UpstreamTimeout
+from proxy.settings import Scope as KeyScope
+from proxy.source import UpstreamSnapshot
+from proxy.state import ProxyRuntime
+from proxy.upstream.connection import UpstreamClosed
+
+if TYPE_CHECKING:
+    from proxy.models.router import ModelRouter
+
+# Printable ASCII but space: what may stay as is in a forwarded query string ('%' keeps escapes intact).
+_QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
+
+
+class Passthrough:
+    """A route relayed to the child as is, after auth: the model list and llama.cpp's admin routes.
+    ``scope_needed`` "any key": an inference or an admin key (see ``authorize_any``)."""
+
+    def __init__(
+        self,
+        runtime: ProxyRuntime,
+        route: str,
+        scope_needed: KeyScope | Literal["any key"],
+        need_ready: bool = True,
+    ) -> None:
+        self.rt = runtime
+        self.route = route
+        self.scope_needed = scope_needed
+        self.need_ready = need_ready
+
+    def authorize(self, ctx: RequestContext) -> Principal:
+        if self.scope_needed == "any key":
+            return authorize_any(self.rt, ctx, self.route)
+        return self.rt.authorize(ctx, self.route, self.scope_needed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = self.authorize(ctx)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        await send_bytes(send, status, content, content_type)
+
+    def check(
+        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
+    ) -> None:
+        """Hook for subclasses: refuse a request body before it goes to the child."""
+
+    async def fetch(
+        self, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
+    ) -> tuple[int, bytes, bytes]:
+        """Forward the request; (status, content type, body) of the child's whole answer."""
+        rt = self.rt
+        if rt.router is not None:
+            return await self._fetch_routed(rt.router, scope, receive, ctx, principal)
+        snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
+        if snap.base_url is None:
+            raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
+        ctx.model = snap.model_alias  # the metrics' model label: the one served model
+        raw: bytes | None = None
+        if scope["method"] == "POST":
+            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
+            self.check(rt, principal, bodies.parse_object(raw), snap)
+        return await self._relay(rt, snap, scope, receive, ctx, raw)
+
+    async def _fetch_routed(
+        self, router: ModelRouter, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
+    ) -> tuple[int, bytes, bytes]:
+        """Several models: the body's ``model`` (POST) or ``?model=`` picks the child, as in
+        llama-server's router mode; without one, the first ``always`` model the tenant may use.
+        A POST (counting, templating) loads an unloaded ``on_demand`` model as inference does; a GET
+        (``/slots``, ``/props``) never loads one: 503 saying it is not loaded."""
+        raw: bytes | None = None
+        payload: dict[str, Any] = {}
+        post = scope["method"] == "POST"
+        if post:
+            raw = await bodies.read_body(receive, ctx.content_length, self.rt.settings.max_body_bytes)
+            payload = bodies.parse_object(raw)
+        model = payload.get("model") if "model" in payload else query_model(scope)
+        tenant = self.rt.tenants.get(principal.tenant)
+        lane = router.resolve(model, tenant) if model is not None else router.default(tenant)
+        rt = lane.runtime
+        ctx.model = lane.name
+        rt.track_active(1)  # an idle unload must not stop the model under this request
+        try:
+            if post:
+                lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
+                await router.load(lane, receive)
+            snap = rt.snapshot()
+            if snap.base_url is None or (self.need_ready and not snap.ready):
+                why = snap.reason or snap.state
+                if snap.state == "UNLOADED":
+                    why += "; an inference or counting request loads it"
+                word = "running" if snap.base_url is None else "ready"
+                raise NotReady(f"the model '{lane.name}' is not {word} ({why})", snap.retry_after_s)
+            if post:
+                self.check(rt, principal, payload, snap)
+            return await self._relay(rt, snap, scope, receive, ctx, raw)
+        finally:
+            rt.track_active(-1)
+
+    async def _relay(
+        self,
+        rt: ProxyRuntime,
+        snap: UpstreamSnapshot,
+        scope: Scope,
+        receive: Receive,
+        ctx: RequestContext,
+        raw: bytes | None,
+    ) -> tuple[int, bytes, bytes]:
+        method = scope["method"]
+        path = self.route
+        if scope.get("query_string"):
+            # Bytes a lenient HTTP parser let through go on percent-encoded, never raw.
+            path += "?" + quote(scope["query_string"], safe=_QUERY_SAFE)
+        # Answered by the child's HTTP threads, not a slot: no reason to wait longer than for a first token.
+        limit = min(rt.settings.timeouts.first_token_s, rt.settings.timeouts.total_s)
+        async with ClientWatch(receive) as watch:
+            try:
+                async with asyncio.timeout(limit):
+                    response = await rt.upstream.open(snap, method, path, raw, ctx.request_id)
+                    try:
+                        content = await response.read()
+                    except UpstreamClosed:
+                        raise UpstreamFailure("llama-server closed the connection before answering") from None
+                    finally:
+                        response.release()
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"llama-server did not answer {self.route} within {limit:g} s"
+                ) from None
+            if response.status >= 400:
+                ctx.outcome = "upstream_error"
+            watch.complete = True
+        return response.status, response.content_type or b"application/json", content
+
+
+def query_model(scope: Scope) -> str | None:
+    """The ``model`` query parameter (the last one when repeated), or None."""
+    raw = scope.get("query_string") or b""
+    values = parse_qs(raw.decode("latin-1"), keep_blank_values=True).get("model")
+    return values[-1] if values else None
+
+
+def authorize_any(rt: ProxyRuntime, ctx: RequestContext, route: str) -> Principal:
+    """Like ``ProxyRuntime.authorize`` for a route open to inference and admin keys alike."""
+    ctx.route = route
+    principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
+    ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+    if not principal.scopes & {"inference", "admin"}:
+        raise Forbidden("this key lacks the 'inference' or 'admin' scope required by this route")
+    return principal
+
+
+class Counting(Passthrough):
+    """Tokenizing and templating (``kind: count``): no slot, a per-tenant rate bound instead, the model
+    name checked like on the generation routes (an alias is accepted and left for the child to ignore)."""
+
+    def __init__(self, runtime: ProxyRuntime, route: str) -> None:
+        super().__init__(runtime, route, "any key")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = self.authorize(ctx)
+        self.rt.count_rate.allow(principal.tenant)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        await send_bytes(send, status, content, content_type)
+
+    def check(
+        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
+    ) -> None:
+        bodies.check_model(payload, snap.model_alias, rt.settings.model_aliases)
+
+
+# What /props shows an inference key: what a client needs to talk to the model (context, template,
+# special tokens, modalities). Everything else (model_path, build_info, model_ftype, endpoint_* flags,
+# ui settings...) describes the machine and stays for admin keys; an allowlist, so a field added by a
+# later llama-server is hidden until someone decides otherwise.
+PROPS_FOR_INFERENCE = frozenset(
+    {
+        "default_generation_settings",
+        "total_slots",
+        "model_alias",
+        "modalities",
+        "media_marker",
+        "chat_template",
+        "chat_template_caps",
+        "chat_template_tool_use",
+        "bos_token",
+        "eos_token",
+    }
+)
+
+
+class Props(Passthrough):
+    """``GET /props``: llama-server's whole answer for admin keys; for inference keys the allowlisted
+    fields only. Answered while the child runs, even when not ready (as before, for operators)."""
+
+    def __init__(self, runtime: ProxyRuntime) -> None:
+        super().__init__(runtime, "/props", "any key", need_ready=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        principal = self.authorize(ctx)
+        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        if "admin" not in principal.scopes and status == 200:
+            try:
+                props = json.loads(content)
+            except ValueError:
+                raise UpstreamFailure("llama-server answered /props with invalid JSON") from None
+            if not isinstance(props, dict):
+                raise UpstreamFailure("llama-server answered /props with something else than an object")
+            await send_json(send, 200, {k: v for k, v in props.items() if k in PROPS_FOR_INFERENCE})
+            return
+        await send_bytes(send, status, content, content_type)
