@@ -109,8 +109,6 @@ class ProxySettings:
     keys: tuple[KeyEntry, ...] = ()
     # Tenant used for requests without credentials, from loopback clients only. Off (None) by default.
     anonymous_tenant: str | None = None
-    # Other names accepted in a request's "model" field besides the served alias.
-    model_aliases: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
     timeouts: Timeouts = field(default_factory=Timeouts)
     # Optional unauthenticated /metrics listener, loopback only (for a local Prometheus agent).

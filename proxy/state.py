@@ -1,54 +1,65 @@
-"""The proxy's live state, shared by every request and exposed to the daemon as ``app.state.runtime``.
+"""The door's state, shared by every request and exposed to the daemon as ``app.state.proxy``.
+
+What belongs to the door rather than to one model: settings, keys and tenants, every tenant's total
+across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
+connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
+of requests being handled (for the drain) and the listener's state (``door``, for /readyz).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
-in-flight permits stay attached to the tenant state they came from), and ``in_flight`` / ``queued`` /
-``active``.
+in-flight permits stay attached to the tenant state they came from), ``router`` to add and remove
+models, and ``active``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from proxy.admission.count_rate import CountRate
-from proxy.admission.gate import Admission
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import KeyTable, Principal, require
-from proxy.errors import Forbidden, NotReady
-from proxy.listener.guard import FrontDoor
+from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
+from proxy.models.lane import ModelEntry
+from proxy.models.router import ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
 from proxy.settings import Scope as KeyScope
-from proxy.source import UpstreamSnapshot, UpstreamSource
+from proxy.source import UpstreamSource
 from proxy.upstream.pool import Upstream
 
-if TYPE_CHECKING:
-    from proxy.models.router import ModelRouter
+
+class DoorProblems(Protocol):
+    """The listener's side of readiness (``proxy.listener.guard.FrontDoor``)."""
+
+    def problem(self) -> str | None: ...
 
 
-class ProxyRuntime:
+class ProxyState:
     def __init__(
         self,
         settings: ProxySettings,
         source: UpstreamSource,
+        models: Sequence[ModelEntry],
         metrics: ProxyMetrics,
     ) -> None:
+        if not models:
+            raise ValueError("the proxy serves at least one model")
+        # The daemon as a whole: readiness, draining, identity, totals such as restarts.
         self.source = source
         self.metrics = metrics
-        self.admission = Admission(settings.tenants, capacity=0)
         self.upstream = Upstream(settings.timeouts)
         self._active = 0
         self._idle = IdleWaiters()
         # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
-        self.door: FrontDoor | None = None
+        self.door: DoorProblems | None = None
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
-        # Several models (``proxy.models.router``): set by the daemon; None serves the one ``source``.
-        self.router: ModelRouter | None = None
-        # A tenant's slots across every model; the router gives each model's lane the door's own.
+        # A tenant's slots across every model (tenants[].max_concurrency_total).
         self.totals = TenantTotals()
         self._apply(settings)
+        self.router = ModelRouter(models, settings.tenants)
 
     def _apply(self, settings: ProxySettings) -> None:
         self.settings = settings
@@ -60,23 +71,22 @@ class ProxyRuntime:
         """Swap keys, tenants, limits and timeouts in. The listener address is not reloadable."""
         self._apply(settings)
         self.upstream.timeouts = settings.timeouts
-        self.admission.reconfigure(settings.tenants)
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
-        if self.router is not None:
-            self.router.reload(settings)
+        self.router.reload(settings.tenants)
 
     @property
     def in_flight(self) -> int:
-        return self.admission.in_flight
+        """Requests holding slot permits, every model together."""
+        return sum(lane.admission.in_flight for lane in self.router.lanes.values())
 
     @property
     def queued(self) -> int:
-        return self.admission.queued
+        return sum(lane.admission.queued for lane in self.router.lanes.values())
 
     @property
     def lingering(self) -> int:
-        """Slots still busy in the child after an abandoned request (see ``Admission``)."""
-        return self.admission.lingering
+        """Slots still busy in a child after an abandoned request (see ``Admission``)."""
+        return sum(lane.admission.lingering for lane in self.router.lanes.values())
 
     @property
     def active(self) -> int:
@@ -107,19 +117,6 @@ class ProxyRuntime:
         ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
         require(principal, scope)
         return principal
-
-    def snapshot(self) -> UpstreamSnapshot:
-        """One consistent view of the child for this request; keeps the global gate equal to its slots."""
-        snap = self.source.snapshot()
-        if snap.slots != self.admission.capacity:
-            self.admission.set_capacity(snap.slots)
-        return snap
-
-    def ready_snapshot(self) -> UpstreamSnapshot:
-        snap = self.snapshot()
-        if not snap.ready or snap.base_url is None:
-            raise NotReady(f"llama-server is not ready ({snap.reason or snap.state})", snap.retry_after_s)
-        return snap
 
     def tenant(self, name: str) -> TenantSettings:
         settings = self.tenants.get(name)

@@ -1,5 +1,5 @@
 """Waiting for "nothing left to do": shared by the admission gate (idle = no permit held or queued) and
-the runtime (idle = no HTTP request being handled), whose drains both need a deadline."""
+the door and each lane (idle = no HTTP request being handled), whose drains all need a deadline."""
 
 from __future__ import annotations
 

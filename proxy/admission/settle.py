@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
+from proxy.admission.gate import Admission
 from proxy.errors import UpstreamFailure
 from proxy.source import UpstreamSnapshot
-from proxy.state import ProxyRuntime
 from proxy.upstream.connection import UpstreamClosed
+from proxy.upstream.pool import Upstream
 
 
 class SlotsSettled:
@@ -26,31 +28,40 @@ class SlotsSettled:
     Any failure ends the wait (a dead or hung child is the supervisor's business, not a reason to keep
     slots forever)."""
 
-    __slots__ = ("_request_id", "_rt", "_slots", "_snap")
+    __slots__ = ("_gate", "_pool", "_request_id", "_slots", "_snap", "_snapshot")
 
-    def __init__(self, rt: ProxyRuntime, snap: UpstreamSnapshot, slots: int, request_id: str) -> None:
-        self._rt = rt
+    def __init__(
+        self,
+        snapshot: Callable[[], UpstreamSnapshot],
+        gate: Admission,
+        pool: Upstream,
+        snap: UpstreamSnapshot,
+        slots: int,
+        request_id: str,
+    ) -> None:
+        self._snapshot = snapshot  # the child's state now (it may have been replaced meanwhile)
+        self._gate = gate
+        self._pool = pool
         self._snap = snap
         self._slots = slots
         self._request_id = request_id
 
     async def wait(self) -> None:
-        rt = self._rt
         try:
             async with asyncio.timeout(_SETTLE_MAX_S):
                 while True:
                     busy = await self._busy()
-                    if busy is None or busy <= rt.admission.held - self._slots:
+                    if busy is None or busy <= self._gate.held - self._slots:
                         return
                     await asyncio.sleep(_SETTLE_POLL_S)
         except (TimeoutError, UpstreamFailure):
             return
 
     async def _busy(self) -> int | None:
-        snap = self._rt.snapshot()
+        snap = self._snapshot()
         if not snap.ready or snap.generation != self._snap.generation:
             return None  # another child now: the old one's slots are gone
-        response = await self._rt.upstream.open(snap, "GET", "/slots", None, self._request_id)
+        response = await self._pool.open(snap, "GET", "/slots", None, self._request_id)
         try:
             content = await response.read()
         except UpstreamClosed:

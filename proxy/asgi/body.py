@@ -24,7 +24,7 @@ from typing import Any
 from starlette.types import Receive
 
 from proxy.asgi.disconnect import ClientGone
-from proxy.errors import BadRequest, ModelNotFound, PayloadTooLarge
+from proxy.errors import BadRequest, PayloadTooLarge
 
 # Deepest nesting of arrays and objects accepted. Real requests (tool and JSON schemas included) stay far
 # below; Python's parser itself gives up near 1,000.
@@ -124,18 +124,6 @@ def parse_object(body: bytes) -> dict[str, Any]:
         except UnicodeEncodeError:
             raise BadRequest("request body holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
     return payload
-
-
-def check_model(payload: Mapping[str, Any], served: str, aliases: tuple[str, ...]) -> bool:
-    """Raise ``ModelNotFound`` for a model we do not serve; True when the name must be rewritten to
-    ``served`` (a configured alias). A missing ``model`` is accepted: there is only one."""
-    model = payload.get("model")
-    if model is None or model == served:
-        return False
-    if isinstance(model, str) and model in aliases:
-        return True
-    shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
-    raise ModelNotFound(f"The model '{shown}' does not exist; this server serves '{served}'")
 
 
 def dump(payload: Mapping[str, Any]) -> bytes:

@@ -1,4 +1,5 @@
-"""llama-server's own ``/metrics``, relabeled and served inside the proxy's ``/metrics``.
+"""llama-server's own ``/metrics`` from every model's child, relabeled and served inside the proxy's
+``/metrics`` by one collector (``ModelsLlamaMetrics``; a one-model daemon's is a set of one).
 
 llama-server names its series ``llamacpp:NAME``; colons are reserved for recording rules by Prometheus
 convention, and the series carry no label saying which model or which daemon they describe. Here every
@@ -8,7 +9,7 @@ without the ``_total`` suffix a Prometheus counter must carry (``promtool check 
 prometheus-client's parser would silently rename it ``..._total``). Any upstream counter whose name
 lacks ``_total`` is therefore served under its own name as a gauge, which is what a maximum is.
 
-Why one cached scrape: llama-server resets the window of its throughput gauges
+Why one cached scrape per child: llama-server resets the window of its throughput gauges
 (``predicted_tokens_seconds``, ``prompt_tokens_seconds``) on every scrape, so two scrapers would halve
 each other's windows. All scrapers within ``ttl_s`` share one upstream fetch, and concurrent scrapers
 share the fetch in flight (single flight). A scraper that disconnects does not cancel the fetch the
@@ -21,10 +22,12 @@ The child being down is not an error of ``/metrics``: the upstream part is simpl
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -97,19 +100,18 @@ class Scrape:
     families: tuple[Metric, ...]
 
 
-class LlamaServerMetrics(Collector):
-    """A prometheus-client collector of llama-server's series. ``await refresh()`` before rendering the
-    registry (``collect`` is synchronous and only reads the last scrape)."""
+class _ChildScrape:
+    """One child's ``/metrics``, fetched at most once per ``ttl_s`` (single flight) and kept relabeled."""
 
     def __init__(
         self,
         snapshot: Callable[[], UpstreamSnapshot],
-        instance: str,
         *,
-        ttl_s: float = DEFAULT_TTL_S,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        instance: str,
+        ttl_s: float,
+        timeout_s: float,
+        transport: httpx.AsyncBaseTransport | None,
+        clock: Callable[[], float],
     ) -> None:
         self._snapshot = snapshot
         self._instance = instance
@@ -180,26 +182,87 @@ class LlamaServerMetrics(Collector):
         except ValueError as exc:
             return f"not the Prometheus text format ({exc})"
 
-    def describe(self) -> Iterator[Metric]:
-        # Only the fixed families: the upstream ones are whatever llama-server serves.
-        return iter(status_families({}))
-
-    def collect(self) -> Iterator[Metric]:
-        last = self._last
-        if last is not None:
-            yield from last.families
-        yield from status_families({self._snapshot().model_alias: last})
-
     async def aclose(self) -> None:
         if self._inflight is not None:
             self._inflight.cancel()
         await self._client.aclose()
 
 
+Snapshots = Callable[[], Mapping[str, Callable[[], UpstreamSnapshot]]]
+
+
+class ModelsLlamaMetrics(Collector):
+    """llama-server's series from every served model's child, each family once with every child's samples
+    (each already carrying its ``model`` label), beside the status of each model's last fetch. Models
+    come and go with SIGHUP: ``snapshots()`` (name -> that model's snapshot) is read at every refresh.
+    ``await refresh()`` before rendering the registry (``collect`` is synchronous and only reads the last
+    scrapes)."""
+
+    def __init__(
+        self,
+        snapshots: Snapshots,
+        instance: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._snapshots = snapshots
+        self._make = functools.partial(
+            _ChildScrape,
+            instance=instance,
+            ttl_s=ttl_s,
+            timeout_s=timeout_s,
+            transport=transport,
+            clock=clock,
+        )
+        self._by_model: dict[str, _ChildScrape] = {}
+
+    @classmethod
+    def single(
+        cls, snapshot: Callable[[], UpstreamSnapshot], instance: str, **kwargs: Any
+    ) -> ModelsLlamaMetrics:
+        """One child, named by the alias its snapshot serves."""
+        return cls(lambda: {snapshot().model_alias: snapshot}, instance, **kwargs)
+
+    def last(self, model: str) -> Scrape | None:
+        scrape = self._by_model.get(model)
+        return scrape.last if scrape is not None else None
+
+    async def refresh(self) -> None:
+        current = self._snapshots()
+        for name in [n for n in self._by_model if n not in current]:
+            await self._by_model.pop(name).aclose()
+        for name, snapshot in current.items():
+            if name not in self._by_model:
+                self._by_model[name] = self._make(snapshot)
+        await asyncio.gather(*(m.refresh() for m in self._by_model.values()))
+
+    def describe(self) -> Iterator[Metric]:
+        # Only the fixed families: the upstream ones are whatever llama-server serves.
+        return iter(status_families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for scrape in self._by_model.values():
+            last = scrape.last
+            for family in last.families if last is not None else ():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type)
+                into.samples.extend(family.samples)
+        yield from merged.values()
+        yield from status_families({name: m.last for name, m in self._by_model.items()})
+
+    async def aclose(self) -> None:
+        for scrape in self._by_model.values():
+            await scrape.aclose()
+
+
 def status_families(scrapes: Mapping[str, Scrape | None]) -> list[Metric]:
-    """The status of each model's last fetch, labelled with its name (one model's daemon: its alias), as
-    a one-model and a several-model daemon (``proxy.metrics.llama_models``) both label it: one set of
-    rules reads both. No scrapes: the families with no sample (``describe``)."""
+    """The status of each model's last fetch, labelled with its name (one model's daemon: its alias).
+    No scrapes: the families with no sample (``describe``)."""
     ok = GaugeMetricFamily(
         "llamagate_upstream_scrape_ok",
         "1 when the last fetch of llama-server's /metrics succeeded (its llamacpp_* series are then served)",

@@ -42,8 +42,7 @@ Gates = Callable[[], Mapping[str, Admission]]
 
 
 class AdmissionCollector(Collector):
-    """The gates' figures by model: one model's daemon has one gate, a several-model daemon one per lane
-    (``proxy.models.router``)."""
+    """The gates' figures by model: one gate per served model (``proxy.models.lane``)."""
 
     def __init__(self, gates: Gates) -> None:
         self._gates = gates

@@ -1,80 +1,36 @@
-"""Several models behind one door: the request's ``model`` picks a lane, and each lane is a
-``ProxyRuntime`` of its own (its model's child, its own admission gate sized to that child's slots),
-sharing the door's keys, tenants and upstream connection pool.
+"""Which lane answers a request: the request's ``model`` (its name or an alias) picks one served model's
+lane (``proxy.models.lane``: its child, its own admission gate sized to that child's slots). There is
+always at least one lane, and one model is a set of one: a request that names no model goes to the only
+lane there is, and with several it must name one.
 
-Tenants' limits (``max_concurrency``, ``max_queue``, ...) apply per model: each lane's gate keeps
-its own count per tenant, so a tenant may hold ``max_concurrency`` slots of every model it uses at
-once; ``max_concurrency_total`` bounds the sum over every lane (``proxy.admission.totals``, one ledger
-shared by the lanes). ``tenants[].models`` restricts which models a tenant may use at all.
+``tenants[].models`` restricts which models a tenant may use at all; a tenant's other limits apply per
+lane, and ``max_concurrency_total`` across them (``proxy.admission.totals``, kept at the door).
 
 A lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that finds it
 unloaded; the wait happens before admission and counts toward the request's time to first token.
-The daemon reads ``busy`` and ``last_used`` to unload an idle lane, and never one that holds or
-awaits a slot.
+The daemon reads a lane's ``busy`` and ``last_used`` to unload an idle model, never one that holds or
+awaits a slot, and drains a lane (``Lane.drain``) before it stops the model.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from starlette.types import Receive
 
 from proxy.asgi.disconnect import ClientWatch
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
-from proxy.settings import ProxySettings, TenantSettings
-from proxy.source import UpstreamSource
-from proxy.state import ProxyRuntime
+from proxy.models.lane import Lane, LoadsOnDemand, ModelEntry
+from proxy.settings import TenantSettings
 
 # Retry-After while a model restarts on SIGHUP: the old child drains and stops, then the new one loads.
 RESTART_RETRY_S = 5.0
 
 
-@runtime_checkable
-class LoadsOnDemand(Protocol):
-    async def ensure_loaded(self) -> None:
-        """Return once the model's child is READY; raise ``NotReady`` (with why) when it cannot be."""
-        ...
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """What the daemon tells the proxy about one served model."""
-
-    name: str
-    aliases: tuple[str, ...]
-    source: UpstreamSource
-    residency: str = "always"  # "always" | "on_demand"
-
-
-class Lane:
-    def __init__(self, entry: ModelEntry, runtime: ProxyRuntime) -> None:
-        self.entry = entry
-        self.runtime = runtime
-        self.last_used = time.monotonic()
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def busy(self) -> bool:
-        adm = self.runtime.admission
-        return adm.in_flight > 0 or adm.queued > 0 or adm.lingering > 0 or self.runtime.active > 0
-
-    def touch(self) -> None:
-        self.last_used = time.monotonic()
-
-
-def _lane_settings(settings: ProxySettings, entry: ModelEntry) -> ProxySettings:
-    return replace(settings, model_aliases=entry.aliases)
-
-
 class ModelRouter:
-    def __init__(self, main: ProxyRuntime, entries: Sequence[ModelEntry]) -> None:
-        self.main = main
+    def __init__(self, entries: Sequence[ModelEntry], tenants: Iterable[TenantSettings]) -> None:
+        self._tenants = tuple(tenants)
         self.lanes: dict[str, Lane] = {}
         # Name or alias -> name of a model being restarted with new settings (``remove``).
         self.restarting: dict[str, str] = {}
@@ -82,11 +38,13 @@ class ModelRouter:
             self.add(entry)
 
     def add(self, entry: ModelEntry) -> Lane:
-        runtime = ProxyRuntime(_lane_settings(self.main.settings, entry), entry.source, self.main.metrics)
-        runtime.upstream = self.main.upstream  # one connection pool; it is keyed by the child's address
-        runtime.totals = self.main.totals  # tenants[].max_concurrency_total counts across every model
-        lane = Lane(entry, runtime)
-        self.lanes[entry.name] = lane
+        """Serve the model. One already served under that name keeps its lane (its gate and the requests
+        on it) and takes the new entry: new aliases, residency or source."""
+        lane = self.lanes.get(entry.name)
+        if lane is None:
+            lane = self.lanes[entry.name] = Lane(entry, self._tenants)
+        else:
+            lane.entry = entry
         self.restarting = {k: v for k, v in self.restarting.items() if v != entry.name}
         return lane
 
@@ -99,19 +57,32 @@ class ModelRouter:
             for key in (name, *lane.entry.aliases):
                 self.restarting[key] = name
 
-    def reload(self, settings: ProxySettings) -> None:
+    def reload(self, tenants: Iterable[TenantSettings]) -> None:
+        """New tenant limits for every lane's gate (SIGHUP); permits in flight keep theirs."""
+        self._tenants = tuple(tenants)
         for lane in self.lanes.values():
-            lane.runtime.reload(_lane_settings(settings, lane.entry))
+            lane.admission.reconfigure(self._tenants)
 
-    def served(self) -> list[str]:
-        return list(self.lanes)
+    def only(self) -> Lane | None:
+        """The lane of the one model served, known before a request's body is read; None with several
+        (or while the only one restarts)."""
+        if len(self.lanes) == 1 and not self.restarting:
+            return next(iter(self.lanes.values()))
+        return None
 
     def resolve(self, model: Any, tenant: TenantSettings | None) -> Lane:
-        """The lane a request's ``model`` names (its name or an alias); 404 listing what is served.
-        ``tenant`` None (an admin-only key's tenant may be unconfigured): no ``models`` limit."""
+        """The lane a request's ``model`` names (its name or an alias; none at all when one model is
+        served); 404 listing what is served. ``tenant`` None (an admin-only key's tenant may be
+        unconfigured): no ``models`` limit."""
         served = ", ".join(f"'{n}'" for n in self.lanes)
         if model is None:
-            raise BadRequest(f"'model' is required: this server serves {served}")
+            only = self.only()
+            if only is not None:
+                model = only.name  # one model: naming it is optional
+            elif not self.lanes and len(set(self.restarting.values())) == 1:
+                model = next(iter(self.restarting))  # the one model is restarting: its 503 below
+            else:
+                raise BadRequest(f"'model' is required: this server serves {served}")
         lane = None
         if isinstance(model, str):
             lane = self.lanes.get(model) or next(
@@ -154,7 +125,7 @@ class ModelRouter:
     def model_states(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}
         for name, lane in self.lanes.items():
-            snap = lane.runtime.snapshot()
+            snap = lane.snapshot()
             out[name] = {
                 "state": snap.state,
                 "ready": snap.ready,
@@ -163,8 +134,8 @@ class ModelRouter:
                 "aliases": list(lane.entry.aliases),
                 "slots": snap.slots,
                 "ctx_per_slot": snap.ctx_per_slot,
-                "in_flight": lane.runtime.in_flight,
-                "queued": lane.runtime.queued,
+                "in_flight": lane.admission.in_flight,
+                "queued": lane.admission.queued,
                 **{k: v for k, v in snap.info.items() if k in ("restarts", "last_failure", "uptime_s")},
             }
         return out
@@ -174,5 +145,5 @@ class ModelRouter:
         return [
             n
             for n, lane in self.lanes.items()
-            if lane.entry.residency == "always" and not lane.runtime.snapshot().ready
+            if lane.entry.residency == "always" and not lane.snapshot().ready
         ]

@@ -6,10 +6,10 @@ The same numbers as the ``llamagate_in_flight_requests`` / ``llamagate_queued_re
 ``/metrics``, without making a browser parse Prometheus text or making every poll of the status page
 scrape llama-server's own series too (``/metrics`` refreshes them).
 
-Several models (``models:``): each model has its own gate (``proxy.models.router``), shown under
-``models`` by name; the top-level figures are their sums, and its ``tenants`` rows each tenant's sums
-over the models with only ``max_concurrency_total`` (a tenant's other limits apply per model: see each
-model's rows).
+Each model has its own gate (``proxy.models.lane``), shown under ``models`` by name; the top-level
+figures are their sums (a one-model daemon: its one gate's), and the top-level ``tenants`` rows each
+tenant's sums over the models beside its limits (``max_concurrency`` and ``max_queue`` apply per model,
+``max_concurrency_total`` to the sum).
 """
 
 from __future__ import annotations
@@ -19,94 +19,93 @@ from starlette.types import Receive, Scope, Send
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.responses import send_bytes, send_json
 from proxy.metrics.proxy import CONTENT_TYPE
-from proxy.state import ProxyRuntime
+from proxy.models.lane import Lane
+from proxy.state import ProxyState
 
 ROUTE = "/admin/load"
 
 
 class Metrics:
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        self.rt.authorize(ctx, "/metrics", "admin")
-        await send_bytes(send, 200, await self.rt.metrics.render_fresh(), CONTENT_TYPE.encode())
+        self.state.authorize(ctx, "/metrics", "admin")
+        await send_bytes(send, 200, await self.state.metrics.render_fresh(), CONTENT_TYPE.encode())
 
 
 class Identity:
     """``GET /admin/identity``: what is served (build, binary and model digests, host); admin only."""
 
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        self.rt.authorize(ctx, "/admin/identity", "admin")
-        await send_json(send, 200, dict(self.rt.source.identity()))
+        self.state.authorize(ctx, "/admin/identity", "admin")
+        await send_json(send, 200, dict(self.state.source.identity()))
 
 
 class AdminLoad:
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        self.rt.authorize(ctx, ROUTE, "admin")
-        await send_json(send, 200, load_report(self.rt))
+        self.state.authorize(ctx, ROUTE, "admin")
+        await send_json(send, 200, load_report(self.state))
 
 
-def load_report(rt: ProxyRuntime) -> dict[str, object]:
-    if rt.router is None:
-        return gate_report(rt)
-    runtimes = {name: lane.runtime for name, lane in rt.router.lanes.items()}
-    models = {name: gate_report(lane_rt) for name, lane_rt in runtimes.items()}  # sizes each gate first
-    gates = [lane_rt.admission for lane_rt in runtimes.values()]
+def load_report(state: ProxyState) -> dict[str, object]:
+    """Every model's gate together at the top (a one-model daemon: its one gate), each model's own
+    under ``models``."""
+    lanes = state.router.lanes
+    models = {name: gate_report(state, lane) for name, lane in lanes.items()}  # sizes each gate first
+    gates = [lane.admission for lane in lanes.values()]
     sums: dict[str, list[int]] = {}  # tenant -> [in flight, queued] over every model
     for adm in gates:
         for load in adm.loads():
             both = sums.setdefault(load.name, [0, 0])
             both[0] += load.in_flight
             both[1] += load.queued
+    tenants = []
+    for name, (in_flight, queued) in sums.items():
+        settings = state.tenants.get(name)
+        tenants.append(
+            {
+                "name": name,
+                "in_flight": in_flight,
+                "queued": queued,
+                # A tenant's limits apply per model (each model's rows); max_concurrency_total bounds
+                # the sum (proxy.admission.totals). None for a tenant removed by a reload whose last
+                # requests are still running.
+                "max_concurrency": settings.max_concurrency if settings else None,
+                "max_queue": settings.max_queue if settings else None,
+                "max_concurrency_total": settings.max_concurrency_total if settings else None,
+            }
+        )
     return {
         "slots": sum(adm.capacity for adm in gates),
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
-        # Limits apply per model, so a sum has none (the page then shows the bare counts); the one
-        # limit on the sum is the tenant's max_concurrency_total (proxy.admission.totals).
-        "tenants": [
-            {
-                "name": n,
-                "in_flight": f,
-                "queued": q,
-                "max_concurrency": None,
-                "max_queue": None,
-                "max_concurrency_total": _total(rt, n),
-            }
-            for n, (f, q) in sums.items()
-        ],
+        "tenants": tenants,
         "models": models,
     }
 
 
-def _total(rt: ProxyRuntime, tenant: str) -> int | None:
-    settings = rt.tenants.get(tenant)
-    return settings.max_concurrency_total if settings else None
-
-
-def gate_report(rt: ProxyRuntime) -> dict[str, object]:
-    rt.snapshot()  # keeps the gate's capacity equal to the child's slots, as every request does
-    adm = rt.admission
+def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
+    lane.snapshot()  # keeps the gate's capacity equal to the child's slots, as every request does
+    adm = lane.admission
     tenants: list[dict[str, object]] = []
     for load in adm.loads():
-        settings = rt.tenants.get(load.name)
+        settings = state.tenants.get(load.name)
         tenants.append(
             {
                 "name": load.name,
                 "in_flight": load.in_flight,
                 "queued": load.queued,
-                # None for a tenant removed by a reload whose last requests are still running.
                 "max_concurrency": settings.max_concurrency if settings else None,
                 "max_queue": settings.max_queue if settings else None,
             }

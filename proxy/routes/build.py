@@ -19,7 +19,7 @@ from proxy.routes.models import ModelsRoute
 from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
 from proxy.routes.table import REFUSED, ROUTES, RouteSpec
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT, StreamFormat
 
 FORMATS: dict[str, StreamFormat] = {
@@ -34,32 +34,32 @@ FORMATS: dict[str, StreamFormat] = {
 }
 
 
-def endpoint(rt: ProxyRuntime, spec: RouteSpec) -> ASGIApp:
+def endpoint(state: ProxyState, spec: RouteSpec) -> ASGIApp:
     kind = spec.kind
     app: ASGIApp
     if spec.admission:
         silent = kind in ("embeddings", "rerank")
-        app = Inference(rt, spec.path, silent, fmt=FORMATS[kind], needs=spec.needs)
+        app = Inference(state, spec.path, silent, fmt=FORMATS[kind], needs=spec.needs)
     elif kind == "count":
-        app = Counting(rt, spec.path)
+        app = Counting(state, spec.path)
     elif kind == "models":
-        app = ModelsRoute(rt, Passthrough(rt, spec.path, "inference"))
+        app = ModelsRoute(state)
     elif kind == "props":
-        app = Props(rt)
+        app = Props(state)
     elif kind == "health":
-        app = Health(rt, spec.path)
+        app = Health(state, spec.path)
     elif kind == "liveness":
         app = Healthz()
     elif kind == "readiness":
-        app = Readyz(rt)
+        app = Readyz(state)
     elif kind == "metrics":
-        app = Metrics(rt)
+        app = Metrics(state)
     elif kind == "identity":
-        app = Identity(rt)
+        app = Identity(state)
     elif kind == "load":
-        app = AdminLoad(rt)
+        app = AdminLoad(state)
     elif kind == "slots":
-        app = Passthrough(rt, spec.path, "admin", need_ready=False)
+        app = Passthrough(state, spec.path, "admin", need_ready=False)
     else:  # pragma: no cover - the table's Literal type keeps this unreachable
         raise ValueError(f"no endpoint for kind {kind!r}")
     return AnthropicRoute(app) if spec.anthropic else app
@@ -77,8 +77,8 @@ class RefusedRoute:
         raise NotFound(f"{self.route} is not served through llamagate: {self.reason}")
 
 
-def routes(rt: ProxyRuntime) -> list[Route]:
-    served = [Route(spec.path, endpoint(rt, spec), methods=list(spec.methods)) for spec in ROUTES]
+def routes(state: ProxyState) -> list[Route]:
+    served = [Route(spec.path, endpoint(state, spec), methods=list(spec.methods)) for spec in ROUTES]
     taken = {spec.path for spec in ROUTES}
     refused = [
         Route(r.path, RefusedRoute(r.path, r.reason), methods=list(r.methods))

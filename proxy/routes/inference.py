@@ -1,13 +1,13 @@
 """The inference routes: check, admit, forward, relay.
 
-Order matters and is cheapest-refusal first: credentials (no body read for a stranger), readiness (503
-before reading), body size and JSON, model name, the tenant's bounds (``proxy.admission.cost``: ``n``, prompt
-arrays, ``id_slot``, logprobs, token cap; it also says how many slots the request occupies), the
-optional prompt-size check (before a slot is taken), then admission of that many slots, then the
-child. With several models (``proxy.models.router``) the body is read before readiness, since its
-``model`` names the child: then the model's lane (its own runtime and gate) is chosen, an unloaded
-on_demand model is loaded (the wait counts toward TTFT), and the same steps follow on that lane. Every
-step that can wait (queue, first token, the stream) runs under the client watch, so a
+Order matters and is cheapest-refusal first: credentials (no body read for a stranger), then, when one
+model is served, its readiness and the route's feature (503 or 404 before reading); body size and JSON;
+the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
+lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
+the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
+it also says how many slots the request occupies), the optional prompt-size check (before a slot is
+taken), then admission of that many slots on the lane's gate (and the tenant's total at the door), then
+the child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
 client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
 other requests and goes on; a client that left during it is noticed at admission).
 
@@ -35,9 +35,10 @@ from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.models.lane import Lane
 from proxy.settings import TenantSettings
 from proxy.source import UpstreamSnapshot
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 from proxy.streams.assemble import AnswerTooLarge
 from proxy.streams.formats import OPENAI, StreamFormat
 from proxy.streams.relay import Exchange, Relay
@@ -64,7 +65,7 @@ class Inference:
 
     def __init__(
         self,
-        runtime: ProxyRuntime,
+        state: ProxyState,
         route: str,
         embeddings: bool = False,
         *,
@@ -72,7 +73,7 @@ class Inference:
         needs: str | None = None,
         kind: limits.RouteKind | None = None,
     ) -> None:
-        self.rt = runtime
+        self.state = state
         self.route = route
         self.embeddings = embeddings
         self.fmt = fmt
@@ -80,58 +81,54 @@ class Inference:
         self.kind: limits.RouteKind = kind or ("embedding" if embeddings else limits.route_kind(route))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rt = self.rt
+        state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
-        principal = rt.authorize(ctx, self.route, "inference")
-        tenant = rt.tenant(principal.tenant)
-        router = rt.router
-        if router is None:
-            snap = rt.snapshot()
-            ctx.model = snap.model_alias  # the one served model: the same label as with several
-            if not snap.ready or snap.base_url is None:
-                snap = rt.ready_snapshot()  # raises NotReady saying why
-            if self.needs is not None and not getattr(snap, self.needs, False):
-                raise NotFound(f"{self.route} is not enabled on this server (llama.{self.needs}: false)")
-            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
-            payload = bodies.parse_object(raw)
-        else:
-            # Several models: the body names the model, so it is read before readiness is known.
-            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
-            payload = bodies.parse_object(raw)
-            lane = router.resolve(payload.get("model"), tenant)
-            ctx.model = lane.name
-            rt = lane.runtime
+        principal = state.authorize(ctx, self.route, "inference")
+        tenant = state.tenant(principal.tenant)
+        only = state.router.only()
+        snap: UpstreamSnapshot | None = None
+        if only is not None and not only.on_demand:
+            # One model: it is known before the body, so a request it cannot serve is refused unread.
+            ctx.model = only.name
+            snap = only.ready_snapshot()
+            self._servable(only, snap)
+        raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
+        payload = bodies.parse_object(raw)
+        lane = state.router.resolve(payload.get("model"), tenant)  # the only one when ``snap`` is set
+        ctx.model = lane.name
+        lane.touch()
+        if snap is None:
+            self._servable(lane, lane.snapshot())
+        lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
+        try:
+            await state.router.load(lane, receive)
+            snap = snap or lane.ready_snapshot()  # after a load: the loaded child
+            await self._admitted(lane, snap, ctx, principal, tenant, raw, payload, send, receive)
+        finally:
+            lane.track_active(-1)
             lane.touch()
-            if self.needs is not None and not getattr(rt.snapshot(), self.needs, False):
-                raise NotFound(
-                    f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)"
-                )
-            rt.track_active(1)  # the lane is busy from here: an idle unload must not pick it
-            try:
-                await router.load(lane, receive)
-                snap = rt.ready_snapshot()
-                await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
-            finally:
-                rt.track_active(-1)
-                lane.touch()
-            return
-        await self._admitted(rt, ctx, principal, tenant, snap, raw, payload, send, receive)
+
+    def _servable(self, lane: Lane, snap: UpstreamSnapshot) -> None:
+        if self.needs is not None and not getattr(snap, self.needs, False):
+            raise NotFound(f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)")
 
     async def _admitted(
         self,
-        rt: ProxyRuntime,
+        lane: Lane,
+        snap: UpstreamSnapshot,
         ctx: RequestContext,
         principal: Principal,
         tenant: TenantSettings,
-        snap: UpstreamSnapshot,
         raw: bytes,
         payload: dict[str, Any],
         send: Send,
         receive: Receive,
     ) -> None:
+        state = self.state
         admin = "admin" in principal.scopes
-        settings = rt.settings
-        rewrite = bodies.check_model(payload, snap.model_alias, settings.model_aliases)
+        # An alias becomes the child's own name for the model.
+        model = payload.get("model")
+        rewrite = model is not None and model != snap.model_alias
         if rewrite:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
@@ -154,21 +151,23 @@ class Inference:
         async with ClientWatch(receive) as watch:
             if tenant.check_prompt_size:
                 # Re-read: the child may have restarted while the body was on its way.
-                await self._check_prompt_size(rt.ready_snapshot(), prompt_payload, ctx.request_id)
-            with rt.totals.hold(tenant, cost.slots):
-                permit = await rt.admission.acquire(tenant.name, cost.slots)
+                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+            with state.totals.hold(tenant, cost.slots):
+                permit = await lane.admission.acquire(tenant.name, cost.slots)
                 exchange = Exchange()
                 try:
                     ctx.queue_wait_s = permit.queue_wait_s
                     # The child may have restarted while we queued: never mix its old address and new
                     # secret.
-                    snap = rt.ready_snapshot()
+                    snap = lane.ready_snapshot()
                     relay = Relay(ctx, send, watch, self.fmt, exchange)
                     await self._forward(snap, raw, plan, relay, ctx)
                 finally:
                     linger_s = exchange.linger_s()
                     if linger_s > 0:
-                        settled = SlotsSettled(rt, snap, permit.slots, ctx.request_id)
+                        settled = SlotsSettled(
+                            lane.snapshot, lane.admission, state.upstream, snap, permit.slots, ctx.request_id
+                        )
                         permit.release(linger_s, settled.wait)
                     else:
                         permit.release()
@@ -178,8 +177,8 @@ class Inference:
     ) -> None:
         stream = plan.stream
         exchange = relay.exchange
-        limit_bytes = self.rt.settings.max_response_bytes
-        timeouts = self.rt.settings.timeouts
+        limit_bytes = self.state.settings.max_response_bytes
+        timeouts = self.state.settings.timeouts
         loop = asyncio.get_running_loop()
         total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
         first_at = loop.time() + timeouts.first_token_s
@@ -187,7 +186,7 @@ class Inference:
             async with asyncio.timeout_at(min(first_at, total_at) if stream else total_at) as deadline:
                 exchange.sent = True
                 try:
-                    response = await self.rt.upstream.open(snap, "POST", self.route, raw, ctx.request_id)
+                    response = await self.state.upstream.open(snap, "POST", self.route, raw, ctx.request_id)
                 except UpstreamFailure:
                     exchange.sent = False  # never reached the child, or the child hung up: no slot busy
                     raise
@@ -223,7 +222,7 @@ class Inference:
     async def _check_prompt_size(
         self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
     ) -> None:
-        n_tokens = await count_prompt_tokens(self.rt, snap, self.route, payload, request_id)
+        n_tokens = await count_prompt_tokens(self.state, snap, self.route, payload, request_id)
         # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
         if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
@@ -240,13 +239,13 @@ COUNT_ROUTES = {
 
 
 async def count_prompt_tokens(
-    rt: ProxyRuntime, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
+    state: ProxyState, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
 ) -> int | None:
     """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
     (then the child decides, as it would without the check)."""
     counter = COUNT_ROUTES.get(route)
     if counter is not None:
-        answer = await _ask(rt, snap, counter, bodies.dump(payload), request_id)
+        answer = await _ask(state, snap, counter, bodies.dump(payload), request_id)
         count = answer.get("input_tokens") if answer else None
         return count if isinstance(count, int) else None
     prompt = payload.get("prompt")
@@ -258,7 +257,7 @@ async def count_prompt_tokens(
         if not isinstance(text, str):
             return None
         answer = await _ask(
-            rt, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
+            state, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
         )
         tokens = answer.get("tokens") if answer else None
         if not isinstance(tokens, list):
@@ -268,12 +267,12 @@ async def count_prompt_tokens(
 
 
 async def _ask(
-    rt: ProxyRuntime, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
+    state: ProxyState, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
 ) -> dict[str, Any]:
-    limit = rt.settings.timeouts.first_token_s
+    limit = state.settings.timeouts.first_token_s
     try:
         async with asyncio.timeout(limit):
-            response = await rt.upstream.open(snap, "POST", path, raw, request_id)
+            response = await state.upstream.open(snap, "POST", path, raw, request_id)
             try:
                 content = await response.read()
             except UpstreamClosed:

@@ -1,15 +1,16 @@
-"""``GET /v1/models`` (and ``/models``): what is served, by name."""
+"""``GET /v1/models`` (and ``/models``): what is served, by name, answered by the proxy (not relayed from a
+child: there is one list for every model, a one-model daemon's being a list of one)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.responses import send_json
 from proxy.source import UpstreamSnapshot
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 
 
 def loaded_state(snap: UpstreamSnapshot) -> str:
@@ -24,27 +25,21 @@ def loaded_state(snap: UpstreamSnapshot) -> str:
 
 
 class ModelsRoute:
-    """``GET /v1/models``: one model's daemon relays the child's answer (``single``); a several-model
-    daemon lists every model, with its state, in the OpenAI shape plus a ``llamagate`` field."""
+    """Every served model, with its state, in the OpenAI shape plus a ``llamagate`` field; a tenant limited
+    to some models (``tenants[].models``) sees those."""
 
-    def __init__(self, runtime: ProxyRuntime, single: ASGIApp) -> None:
-        self.rt = runtime
-        self.single = single
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        router = self.rt.router
-        if router is None:
-            await self.single(scope, receive, send)
-            return
         ctx: RequestContext = scope[SCOPE_KEY]
-        ctx.route = "/v1/models"
-        principal = self.rt.authorize(ctx, "/v1/models", "inference")
-        tenant = self.rt.tenants.get(principal.tenant)
+        principal = self.state.authorize(ctx, "/v1/models", "inference")
+        tenant = self.state.tenants.get(principal.tenant)
         data: list[Mapping[str, object]] = []
-        for name, lane in router.lanes.items():
+        for name, lane in self.state.router.lanes.items():
             if tenant is not None and tenant.models and name not in tenant.models:
                 continue
-            snap = lane.runtime.snapshot()
+            snap = lane.snapshot()
             data.append(
                 {
                     "id": name,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import parse_qs, quote
 
 from starlette.types import Receive, Scope, Send
@@ -18,13 +18,11 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.asgi.responses import send_bytes, send_json
 from proxy.auth import Principal
 from proxy.errors import Forbidden, NotReady, UpstreamFailure, UpstreamTimeout
+from proxy.models.lane import Lane
 from proxy.settings import Scope as KeyScope
 from proxy.source import UpstreamSnapshot
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 from proxy.upstream.connection import UpstreamClosed
-
-if TYPE_CHECKING:
-    from proxy.models.router import ModelRouter
 
 # Printable ASCII but space: what may stay as is in a forwarded query string ('%' keeps escapes intact).
 _QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
@@ -36,20 +34,20 @@ class Passthrough:
 
     def __init__(
         self,
-        runtime: ProxyRuntime,
+        state: ProxyState,
         route: str,
         scope_needed: KeyScope | Literal["any key"],
         need_ready: bool = True,
     ) -> None:
-        self.rt = runtime
+        self.state = state
         self.route = route
         self.scope_needed = scope_needed
         self.need_ready = need_ready
 
     def authorize(self, ctx: RequestContext) -> Principal:
         if self.scope_needed == "any key":
-            return authorize_any(self.rt, ctx, self.route)
-        return self.rt.authorize(ctx, self.route, self.scope_needed)
+            return authorize_any(self.state, ctx, self.route)
+        return self.state.authorize(ctx, self.route, self.scope_needed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
@@ -57,67 +55,55 @@ class Passthrough:
         status, content_type, content = await self.fetch(scope, receive, ctx, principal)
         await send_bytes(send, status, content, content_type)
 
-    def check(
-        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
-    ) -> None:
-        """Hook for subclasses: refuse a request body before it goes to the child."""
-
     async def fetch(
         self, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
     ) -> tuple[int, bytes, bytes]:
-        """Forward the request; (status, content type, body) of the child's whole answer."""
-        rt = self.rt
-        if rt.router is not None:
-            return await self._fetch_routed(rt.router, scope, receive, ctx, principal)
-        snap = rt.ready_snapshot() if self.need_ready else rt.snapshot()
-        if snap.base_url is None:
-            raise NotReady(f"llama-server is not running ({snap.reason or snap.state})", snap.retry_after_s)
-        ctx.model = snap.model_alias  # the metrics' model label: the one served model
-        raw: bytes | None = None
-        if scope["method"] == "POST":
-            raw = await bodies.read_body(receive, ctx.content_length, rt.settings.max_body_bytes)
-            self.check(rt, principal, bodies.parse_object(raw), snap)
-        return await self._relay(rt, snap, scope, receive, ctx, raw)
+        """Forward the request; (status, content type, body) of the child's whole answer.
 
-    async def _fetch_routed(
-        self, router: ModelRouter, scope: Scope, receive: Receive, ctx: RequestContext, principal: Principal
-    ) -> tuple[int, bytes, bytes]:
-        """Several models: the body's ``model`` (POST) or ``?model=`` picks the child, as in
-        llama-server's router mode; without one, the first ``always`` model the tenant may use.
+        The body's ``model`` (POST) or ``?model=`` picks the child, as in llama-server's router mode;
+        without one, the first ``always`` model the tenant may use (the only one, when one is served).
         A POST (counting, templating) loads an unloaded ``on_demand`` model as inference does; a GET
         (``/slots``, ``/props``) never loads one: 503 saying it is not loaded."""
+        state = self.state
+        router = state.router
+        only = router.only()
+        snap: UpstreamSnapshot | None = None
+        if only is not None and not only.on_demand:
+            ctx.model = only.name
+            snap = self._running(only)  # one model: a child that cannot answer is known before the body
         raw: bytes | None = None
         payload: dict[str, Any] = {}
         post = scope["method"] == "POST"
         if post:
-            raw = await bodies.read_body(receive, ctx.content_length, self.rt.settings.max_body_bytes)
+            raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
             payload = bodies.parse_object(raw)
         model = payload.get("model") if "model" in payload else query_model(scope)
-        tenant = self.rt.tenants.get(principal.tenant)
+        tenant = state.tenants.get(principal.tenant)
+        # The only one when ``snap`` is set.
         lane = router.resolve(model, tenant) if model is not None else router.default(tenant)
-        rt = lane.runtime
         ctx.model = lane.name
-        rt.track_active(1)  # an idle unload must not stop the model under this request
+        lane.track_active(1)  # an idle unload must not stop the model under this request
         try:
             if post:
                 lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
                 await router.load(lane, receive)
-            snap = rt.snapshot()
-            if snap.base_url is None or (self.need_ready and not snap.ready):
-                why = snap.reason or snap.state
-                if snap.state == "UNLOADED":
-                    why += "; an inference or counting request loads it"
-                word = "running" if snap.base_url is None else "ready"
-                raise NotReady(f"the model '{lane.name}' is not {word} ({why})", snap.retry_after_s)
-            if post:
-                self.check(rt, principal, payload, snap)
-            return await self._relay(rt, snap, scope, receive, ctx, raw)
+            return await self._relay(snap or self._running(lane), scope, receive, ctx, raw)
         finally:
-            rt.track_active(-1)
+            lane.track_active(-1)
+
+    def _running(self, lane: Lane) -> UpstreamSnapshot:
+        """The lane's child, when it can answer this route; else 503 saying why."""
+        snap = lane.snapshot()
+        if snap.base_url is None or (self.need_ready and not snap.ready):
+            why = snap.reason or snap.state
+            if snap.state == "UNLOADED":
+                why += "; an inference or counting request loads it"
+            word = "running" if snap.base_url is None else "ready"
+            raise NotReady(f"the model '{lane.name}' is not {word} ({why})", snap.retry_after_s)
+        return snap
 
     async def _relay(
         self,
-        rt: ProxyRuntime,
         snap: UpstreamSnapshot,
         scope: Scope,
         receive: Receive,
@@ -130,11 +116,12 @@ class Passthrough:
             # Bytes a lenient HTTP parser let through go on percent-encoded, never raw.
             path += "?" + quote(scope["query_string"], safe=_QUERY_SAFE)
         # Answered by the child's HTTP threads, not a slot: no reason to wait longer than for a first token.
-        limit = min(rt.settings.timeouts.first_token_s, rt.settings.timeouts.total_s)
+        timeouts = self.state.settings.timeouts
+        limit = min(timeouts.first_token_s, timeouts.total_s)
         async with ClientWatch(receive) as watch:
             try:
                 async with asyncio.timeout(limit):
-                    response = await rt.upstream.open(snap, method, path, raw, ctx.request_id)
+                    response = await self.state.upstream.open(snap, method, path, raw, ctx.request_id)
                     try:
                         content = await response.read()
                     except UpstreamClosed:
@@ -158,10 +145,10 @@ def query_model(scope: Scope) -> str | None:
     return values[-1] if values else None
 
 
-def authorize_any(rt: ProxyRuntime, ctx: RequestContext, route: str) -> Principal:
-    """Like ``ProxyRuntime.authorize`` for a route open to inference and admin keys alike."""
+def authorize_any(state: ProxyState, ctx: RequestContext, route: str) -> Principal:
+    """Like ``ProxyState.authorize`` for a route open to inference and admin keys alike."""
     ctx.route = route
-    principal = rt.keys.authenticate(ctx.authorization, ctx.client_host)
+    principal = state.keys.authenticate(ctx.authorization, ctx.client_host)
     ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
     if not principal.scopes & {"inference", "admin"}:
         raise Forbidden("this key lacks the 'inference' or 'admin' scope required by this route")
@@ -170,22 +157,17 @@ def authorize_any(rt: ProxyRuntime, ctx: RequestContext, route: str) -> Principa
 
 class Counting(Passthrough):
     """Tokenizing and templating (``kind: count``): no slot, a per-tenant rate bound instead, the model
-    name checked like on the generation routes (an alias is accepted and left for the child to ignore)."""
+    name resolved like on the generation routes (an alias is accepted and left for the child to ignore)."""
 
-    def __init__(self, runtime: ProxyRuntime, route: str) -> None:
-        super().__init__(runtime, route, "any key")
+    def __init__(self, state: ProxyState, route: str) -> None:
+        super().__init__(state, route, "any key")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
         principal = self.authorize(ctx)
-        self.rt.count_rate.allow(principal.tenant)
+        self.state.count_rate.allow(principal.tenant)
         status, content_type, content = await self.fetch(scope, receive, ctx, principal)
         await send_bytes(send, status, content, content_type)
-
-    def check(
-        self, rt: ProxyRuntime, principal: Principal, payload: dict[str, Any], snap: UpstreamSnapshot
-    ) -> None:
-        bodies.check_model(payload, snap.model_alias, rt.settings.model_aliases)
 
 
 # What /props shows an inference key: what a client needs to talk to the model (context, template,
@@ -212,8 +194,8 @@ class Props(Passthrough):
     """``GET /props``: llama-server's whole answer for admin keys; for inference keys the allowlisted
     fields only. Answered while the child runs, even when not ready (as before, for operators)."""
 
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        super().__init__(runtime, "/props", "any key", need_ready=False)
+    def __init__(self, state: ProxyState) -> None:
+        super().__init__(state, "/props", "any key", need_ready=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]

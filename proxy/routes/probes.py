@@ -9,7 +9,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.asgi.context import SCOPE_KEY
 from proxy.asgi.responses import send_json
 from proxy.errors import NotReady
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 
 
 class Healthz:
@@ -21,39 +21,35 @@ class Healthz:
 
 
 class Readyz:
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SCOPE_KEY].route = "/readyz"
-        snap = self.rt.snapshot()
+        snap = self.state.source.snapshot()
         # The child may be fine while the proxy itself cannot take a new connection (at its cap, out of
         # file descriptors): a load balancer must hear that too.
-        door = self.rt.door.problem() if self.rt.door is not None else None
+        door = self.state.door.problem() if self.state.door is not None else None
         ready = snap.ready and door is None
+        router = self.state.router
         body: dict[str, object] = {
             "state": snap.state,
             "ready": ready,
             "reason": door or snap.reason,
+            # The default model's (the daemon's source names it), as a one-model client reads them.
             "model": snap.model_alias,
             "slots": snap.slots,
             "ctx_per_slot": snap.ctx_per_slot,
             "generation": snap.generation,
-            "in_flight": self.rt.in_flight,
-            "queued": self.rt.queued,
+            # Every model's together (a one-model daemon: its own).
+            "in_flight": self.state.in_flight,
+            "queued": self.state.queued,
         }
         body.update({k: v for k, v in snap.info.items() if k not in body})
-        if self.rt.router is not None:
-            # Several models: ready when every ``always`` model is; each model's own state beside.
-            router = self.rt.router
-            body["models"] = router.model_states()
-            body["not_ready"] = router.not_ready()
-            # The door's own gate takes no request then: the totals are the models' sums.
-            body["in_flight"] = sum(lane.runtime.in_flight for lane in router.lanes.values())
-            body["queued"] = sum(lane.runtime.queued for lane in router.lanes.values())
-            # ``slots`` stays the default model's (as its ``model`` and ``ctx_per_slot``); beside the sums
-            # above, every model's slots together.
-            body["slots_total"] = sum(lane.runtime.snapshot().slots for lane in router.lanes.values())
+        # Each model's own state; ready only when every ``always`` model is.
+        body["models"] = router.model_states()  # sizes each gate to its child's slots
+        body["not_ready"] = router.not_ready()
+        body["slots_total"] = sum(lane.admission.capacity for lane in router.lanes.values())
         if ready:
             await send_json(send, 200, body)
         else:
@@ -73,13 +69,13 @@ class Health:
     the child's own words: ``200 {"status":"ok"}`` when ready, else ``503`` with its loading error shape
     (plus ``Retry-After``). Monitoring written for llama-server keeps working through the proxy."""
 
-    def __init__(self, runtime: ProxyRuntime, route: str) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState, route: str) -> None:
+        self.state = state
         self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[SCOPE_KEY].route = self.route
-        snap = self.rt.snapshot()
+        snap = self.state.source.snapshot()
         if snap.ready:
             await send_json(send, 200, {"status": "ok"})
             return

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import NotFound
-from proxy.state import ProxyRuntime
+from proxy.state import ProxyState
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PREFIX = "/ui/"
@@ -94,21 +94,21 @@ async def _send(send: Send, status: int, content: bytes, headers: list[tuple[byt
 
 
 class _UiEndpoint:
-    def __init__(self, runtime: ProxyRuntime) -> None:
-        self.rt = runtime
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
 
     def enter(self, scope: Scope) -> None:
         """404 exactly like an unknown route while the page is off; else label the request ``/ui/``
         (one label for all files keeps the metrics' route set small)."""
-        if not self.rt.settings.ui:
+        if not self.state.settings.ui:
             raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
         ctx: RequestContext = scope[SCOPE_KEY]
         ctx.route = PREFIX
 
 
 class StaticFile(_UiEndpoint):
-    def __init__(self, runtime: ProxyRuntime, content: bytes, content_type: bytes) -> None:
-        super().__init__(runtime)
+    def __init__(self, state: ProxyState, content: bytes, content_type: bytes) -> None:
+        super().__init__(state)
         self.content = content
         self.content_type = content_type
 
@@ -125,9 +125,9 @@ class ToIndex(_UiEndpoint):
         await _send(send, 307, b"", [(b"location", PREFIX.encode())])
 
 
-def ui_routes(runtime: ProxyRuntime, folder: Path = STATIC_DIR) -> list[Route]:
+def ui_routes(state: ProxyState, folder: Path = STATIC_DIR) -> list[Route]:
     get = ["GET"]
-    routes = [Route("/", ToIndex(runtime), methods=get), Route("/ui", ToIndex(runtime), methods=get)]
+    routes = [Route("/", ToIndex(state), methods=get), Route("/ui", ToIndex(state), methods=get)]
     for path, (content, content_type) in static_files(folder).items():
-        routes.append(Route(path, StaticFile(runtime, content, content_type), methods=get))
+        routes.append(Route(path, StaticFile(state, content, content_type), methods=get))
     return routes

@@ -18,8 +18,10 @@ idempotent, and the child may have died working on it.
 
 Everything that gives a connection back is synchronous (``UpstreamResponse.release``), so it runs in a
 ``finally`` even while the task is being cancelled; an unfinished response always closes its connection,
-which is how llama-server learns that the client left and frees the slot. A restarted child (new
-generation, port or secret) starts a new pool epoch: older connections are closed, never reused. Every
+which is how llama-server learns that the client left and frees the slot. Connections are kept per
+child, so requests to several models' children taking turns keep every child's connections alive; a
+restarted child (new generation, port or secret) starts a new epoch: the connections to the child it
+replaces are closed, never reused. Every
 value written into the request head must be visible ASCII (no CR, LF, space).
 """
 
@@ -88,25 +90,46 @@ class UpstreamResponse:
             conn.abort()
 
 
+class _Child:
+    """One child the pool talks to: its address, the constant lines of every request head, and the epoch
+    its connections carry."""
+
+    __slots__ = ("base_url", "epoch", "generation", "key", "lines", "model", "secret")
+
+    def __init__(
+        self, snap: UpstreamSnapshot, base_url: str, key: tuple[str, int], lines: bytes, epoch: int
+    ) -> None:
+        self.base_url = base_url
+        self.secret = snap.secret
+        self.generation = snap.generation
+        self.model = snap.model_alias
+        self.key = key
+        self.lines = lines
+        self.epoch = epoch
+
+
 class Upstream:
     def __init__(self, timeouts: Timeouts) -> None:
         self.timeouts = timeouts
         self._idle: dict[tuple[str, int], deque[Connection]] = {}
-        # Bumped for every new child (generation, URL or secret): a connection of an older epoch is closed
-        # instead of pooled, even when the new child listens on the same port.
+        # Each model's child now, and the child at each address. Every new child (generation, URL or
+        # secret) gets a new epoch: a connection of another epoch than its address's child is closed
+        # instead of pooled, even when the new child listens on the same port. Children of different
+        # models keep their connections side by side.
         self._epoch = 0
-        self._target_cache: tuple[str, str | None, int, tuple[str, int], bytes] | None = None
+        self._by_model: dict[str, _Child] = {}
+        self._by_key: dict[tuple[str, int], _Child] = {}
 
-    def _target(self, snap: UpstreamSnapshot) -> tuple[tuple[str, int], bytes, int]:
-        """(host, port), the constant header lines and the pool epoch for this child."""
-        cached = self._target_cache
+    def _target(self, snap: UpstreamSnapshot) -> _Child:
+        """The child this snapshot names, with its address, head lines and epoch."""
+        known = self._by_model.get(snap.model_alias)
         if (
-            cached is not None
-            and cached[0] == snap.base_url
-            and cached[1] == snap.secret
-            and cached[2] == snap.generation
+            known is not None
+            and known.base_url == snap.base_url
+            and known.secret == snap.secret
+            and known.generation == snap.generation
         ):
-            return cached[3], cached[4], self._epoch
+            return known
         if snap.base_url is None:
             raise UpstreamUnreachable("llama-server is not listening")
         parts = urlsplit(snap.base_url)
@@ -117,14 +140,23 @@ class Upstream:
         lines = f"Host: {parts.netloc}\r\nUser-Agent: llamagate\r\n"
         if snap.secret:
             lines += f"Authorization: Bearer {snap.secret}\r\n"
-        # A new child: connections to the old one are useless, whatever port it had.
+        # A new child: connections to the one it replaces, and to whatever listened at its address
+        # before, are useless.
+        for old in (known, self._by_key.get(key)):
+            if old is not None:
+                self._forget(old)
         self._epoch += 1
-        for conns in self._idle.values():
-            for conn in conns:
-                conn.abort()
-        self._idle.clear()
-        self._target_cache = (snap.base_url, snap.secret, snap.generation, key, lines.encode())
-        return key, lines.encode(), self._epoch
+        child = _Child(snap, snap.base_url, key, lines.encode(), self._epoch)
+        self._by_model[child.model] = self._by_key[key] = child
+        return child
+
+    def _forget(self, child: _Child) -> None:
+        for conn in self._idle.pop(child.key, ()):
+            conn.abort()
+        if self._by_key.get(child.key) is child:
+            del self._by_key[child.key]
+        if self._by_model.get(child.model) is child:
+            del self._by_model[child.model]
 
     async def open(
         self, snap: UpstreamSnapshot, method: str, path: str, body: bytes | None, request_id: str
@@ -134,7 +166,8 @@ class Upstream:
         _require_safe(method, "method")
         _require_safe(path, "path")
         _require_safe(request_id, "request id")
-        key, fixed, epoch = self._target(snap)
+        child = self._target(snap)
+        key, fixed, epoch = child.key, child.lines, child.epoch
         head = b"%s %s HTTP/1.1\r\n%sX-Request-ID: %s\r\n" % (
             method.encode(),
             path.encode(),
@@ -181,6 +214,11 @@ class Upstream:
             ) from None
         return conn
 
+    def _current(self, key: tuple[str, int], conn: Connection) -> bool:
+        """``conn`` belongs to the child that listens at ``key`` now."""
+        child = self._by_key.get(key)
+        return child is not None and conn.epoch == child.epoch
+
     def _take_idle(self, key: tuple[str, int]) -> Connection | None:
         idle = self._idle.get(key)
         if not idle:
@@ -188,13 +226,13 @@ class Upstream:
         expired_before = time.monotonic() - KEEPALIVE_EXPIRY_S
         while idle:
             conn = idle.pop()  # most recently used first: the least likely to be stale
-            if conn.usable_since(expired_before) and conn.epoch == self._epoch:
+            if conn.usable_since(expired_before) and self._current(key, conn):
                 return conn
             conn.abort()
         return None
 
     def _put_back(self, key: tuple[str, int], conn: Connection) -> None:
-        if conn.epoch != self._epoch:
+        if not self._current(key, conn):
             conn.abort()  # it belongs to a child that has been replaced since
             return
         idle = self._idle.setdefault(key, deque())

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings
 from proxy.source import UpstreamSnapshot
 from supervisor.config.load import parse_config
@@ -65,14 +66,14 @@ class _Upstream:
 
 
 def proxy_routes() -> set[str]:
-    app = create_app(ProxySettings(), _Upstream())
+    app = create_app(ProxySettings(), _Upstream(), [ModelEntry("m", (), _Upstream())])
     return {route.path for route in app.routes}  # type: ignore[attr-defined]
 
 
 def exported_metric_families() -> dict[str, str]:
     """name -> type of every series family the proxy's /metrics exposes."""
     registry = CollectorRegistry(auto_describe=True)
-    create_app(ProxySettings(), _Upstream(), registry=registry)
+    create_app(ProxySettings(), _Upstream(), [ModelEntry("m", (), _Upstream())], registry=registry)
     text = generate_latest(registry).decode()
     return {family.name: family.type for family in text_string_to_metric_families(text)}
 

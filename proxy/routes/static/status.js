@@ -54,10 +54,11 @@ function renderTenants(load) {
   const body = document.getElementById("tenants-body");
   const rows = load.tenants.map((t) => {
     const tr = document.createElement("tr");
+    // Several models: the counts are every model's together, and a tenant's limits apply per model.
     const cells = [
       t.name,
-      t.max_concurrency === null ? t.in_flight : `${t.in_flight} / ${t.max_concurrency}`,
-      t.max_queue === null ? t.queued : `${t.queued} / ${t.max_queue}`,
+      several || t.max_concurrency === null ? t.in_flight : `${t.in_flight} / ${t.max_concurrency}`,
+      several || t.max_queue === null ? t.queued : `${t.queued} / ${t.max_queue}`,
     ];
     for (const text of cells) {
       const td = document.createElement("td");

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from proxy.admission.cost import cap_max_tokens
-from proxy.asgi.body import check_model, parse_object, read_body
+from proxy.asgi.body import parse_object, read_body
 from proxy.asgi.disconnect import ClientGone
-from proxy.errors import BadRequest, ModelNotFound, PayloadTooLarge
+from proxy.errors import BadRequest, PayloadTooLarge
 
 
 def receiver(*parts: bytes, disconnect: bool = False) -> Any:
@@ -54,17 +54,6 @@ def test_non_objects_are_400(raw: bytes) -> None:
         parse_object(raw)
     assert info.value.status == 400
     assert info.value.body().startswith(b'{"error":{')
-
-
-def test_model_check() -> None:
-    assert check_model({}, "m", ()) is False
-    assert check_model({"model": "m"}, "m", ()) is False
-    assert check_model({"model": "gpt-4o-mini"}, "m", ("gpt-4o-mini",)) is True
-    with pytest.raises(ModelNotFound) as info:
-        check_model({"model": "other"}, "m", ("gpt-4o-mini",))
-    assert info.value.status == 404 and info.value.code == "model_not_found"
-    with pytest.raises(ModelNotFound):
-        check_model({"model": 7}, "m", ())
 
 
 def test_token_cap() -> None:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics.llama import LlamaServerMetrics, relabel
+from proxy.metrics.llama import ModelsLlamaMetrics, relabel
 from proxy.source import UpstreamSnapshot
 from tests.helpers.promtool import check_metrics
 
@@ -37,7 +37,7 @@ def snapshot(*, base_url: str | None = "http://127.0.0.1:9999", generation: int 
     )
 
 
-def render(*collectors: LlamaServerMetrics) -> bytes:
+def render(*collectors: ModelsLlamaMetrics) -> bytes:
     registry = CollectorRegistry(auto_describe=True)
     for collector in collectors:
         registry.register(collector)
@@ -162,8 +162,8 @@ def clock() -> Clock:
     return Clock()
 
 
-async def make(upstream: Upstream, clock: Clock, snap: list[UpstreamSnapshot]) -> LlamaServerMetrics:
-    return LlamaServerMetrics(
+async def make(upstream: Upstream, clock: Clock, snap: list[UpstreamSnapshot]) -> ModelsLlamaMetrics:
+    return ModelsLlamaMetrics.single(
         lambda: snap[0], "gate-1:8080", ttl_s=1.0, transport=httpx.MockTransport(upstream), clock=clock
     )
 
@@ -280,7 +280,8 @@ async def test_a_hung_child_fails_the_fetch_within_the_timeout() -> None:
     accepted: list[asyncio.StreamWriter] = []
     server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    collector = LlamaServerMetrics(lambda: snapshot(base_url=f"http://127.0.0.1:{port}"), "i", timeout_s=0.2)
+    snap = snapshot(base_url=f"http://127.0.0.1:{port}")
+    collector = ModelsLlamaMetrics.single(lambda: snap, "i", timeout_s=0.2)
     try:
         async with asyncio.timeout(5):
             await collector.refresh()
@@ -290,7 +291,8 @@ async def test_a_hung_child_fails_the_fetch_within_the_timeout() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
-    assert collector.last is not None and not collector.last.ok
+    last = collector.last("gemma-3-270m")
+    assert last is not None and not last.ok
 
 
 async def test_a_failing_child_is_logged_once_not_every_scrape(

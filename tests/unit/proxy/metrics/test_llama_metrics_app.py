@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app import create_app
 from proxy.auth import new_key
 from proxy.metrics.listener import create_metrics_app
-from proxy.metrics.llama import LlamaServerMetrics
+from proxy.metrics.llama import ModelsLlamaMetrics
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings, TenantSettings
 from proxy.source import UpstreamSnapshot
 from tests.helpers.exposition import CAPTURED
@@ -53,9 +54,11 @@ def llama_server(request: httpx.Request) -> httpx.Response:
 async def served() -> AsyncIterator[tuple[httpx.AsyncClient, Source, httpx.AsyncClient]]:
     source = Source()
     settings = ProxySettings(tenants=(TenantSettings("default"), TenantSettings("ops")), keys=(ADMIN, USER))
-    llama = LlamaServerMetrics(source.snapshot, "gate-1:8080", transport=httpx.MockTransport(llama_server))
-    app = create_app(settings, source, extra_collectors=[llama])
-    loopback = create_metrics_app(app.state.runtime.metrics)
+    llama = ModelsLlamaMetrics.single(
+        source.snapshot, "gate-1:8080", transport=httpx.MockTransport(llama_server)
+    )
+    app = create_app(settings, source, [ModelEntry("gemma-3-270m", (), source)], extra_collectors=[llama])
+    loopback = create_metrics_app(app.state.proxy.metrics)
     async with (
         httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gate") as main,
         httpx.AsyncClient(transport=httpx.ASGITransport(loopback), base_url="http://gate") as local,
@@ -64,7 +67,7 @@ async def served() -> AsyncIterator[tuple[httpx.AsyncClient, Source, httpx.Async
             yield main, source, local
         finally:
             await llama.aclose()
-            await app.state.runtime.aclose()
+            await app.state.proxy.aclose()
 
 
 def names(text: str) -> dict[str, float]:

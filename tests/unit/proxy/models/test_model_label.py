@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.models.router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
 from tests.fakes.fake_upstream import FakeLlama, StaticSource, snapshot_for
 from tests.helpers.exposition import sample
 from tests.unit.proxy.conftest import SECRET, Proxy, ProxyFactory
@@ -49,13 +49,12 @@ async def test_one_model_labels_its_series_with_the_served_alias(proxy_factory: 
 async def test_several_models_label_by_lane_and_read_every_lanes_gate(proxy_factory: ProxyFactory) -> None:
     fake = FakeLlama(secret=SECRET, tokens=40, token_interval_s=0.1)
     async with proxy_factory(fake=fake) as p:
-        rt = p.runtime
 
         def lane(name: str, slots: int, residency: str = "always") -> ModelEntry:
             snap = snapshot_for(fake.base_url, SECRET, model_alias=name, slots=slots)
             return ModelEntry(name, (), StaticSource(snap), residency)
 
-        rt.router = ModelRouter(rt, [lane("chat", 3), lane("embed", 2, "on_demand")])
+        p.serve_models(lane("chat", 3), lane("embed", 2, "on_demand"))
         async with p.client() as c:
             for name in ("chat", "embed"):
                 r = await c.post("/v1/chat/completions", json={**CHAT, "model": name})
@@ -88,6 +87,6 @@ async def test_several_models_label_by_lane_and_read_every_lanes_gate(proxy_fact
         # Only served names: the client's string is not a label value anywhere.
         assert "no-such-model" not in text
         # A lane removed (SIGHUP) is gone from the gauges at the next scrape.
-        rt.router.remove("embed")
-        text = rt.metrics.render().decode()
+        p.state.router.remove("embed")
+        text = p.state.metrics.render().decode()
         assert label_values(text, "llamagate_slots", "model") == {"chat"}

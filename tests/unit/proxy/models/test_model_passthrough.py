@@ -19,10 +19,10 @@ import pytest
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.models.router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings, Timeouts
-from proxy.state import ProxyRuntime
-from tests.fakes.fake_upstream import FakeLlama, StaticSource, eventually, serve, snapshot_for
+from proxy.state import ProxyState
+from tests.fakes.fake_upstream import FakeLlama, StaticSource, eventually, one_model, serve, snapshot_for
 from tests.helpers.exposition import sample
 
 SECRET = "per-boot-secret-xyz"
@@ -53,7 +53,7 @@ def body_of(fake: FakeLlama) -> dict[str, Any]:
 @dataclass
 class Door:
     url: str
-    runtime: ProxyRuntime
+    state: ProxyState
     fakes: dict[str, FakeLlama]
     lazy: OnDemandSource
     keys: dict[str, str]
@@ -92,19 +92,15 @@ async def door(**changes: object) -> AsyncIterator[Door]:
     embed = StaticSource(snapshot_for(fakes["embed"].base_url, SECRET, slots=3, model_alias="embed"))
     lazy = OnDemandSource(fakes["lazy"])
     # An on_demand model listed first: the default is still the first ``always`` one.
-    app = create_app(settings, chat)
-    runtime = app.state.runtime
-    runtime.router = ModelRouter(
-        runtime,
-        [
-            ModelEntry("lazy", (), lazy, "on_demand"),
-            ModelEntry("chat", ("c",), chat),
-            ModelEntry("embed", ("e",), embed),
-        ],
-    )
+    models = [
+        ModelEntry("lazy", (), lazy, "on_demand"),
+        ModelEntry("chat", ("c",), chat),
+        ModelEntry("embed", ("e",), embed),
+    ]
+    app = create_app(settings, chat, models)
     try:
         async with serve(app) as url:
-            yield Door(url, runtime, fakes, lazy, keys, embed)
+            yield Door(url, app.state.proxy, fakes, lazy, keys, embed)
     finally:
         for fake in fakes.values():
             await fake.stop()
@@ -184,14 +180,14 @@ async def test_an_unloaded_model_is_not_loaded_by_a_get_but_is_by_a_counting_pos
             labels = {"tenant": "ops", "model": "lazy", "route": route, "status": status}
             assert sample(text, "llamagate_requests_total", **labels) == 1, labels
         # An idle unload must see the model busy while such a request runs; done, it is idle again.
-        assert not d.runtime.router.lanes["lazy"].busy  # type: ignore[union-attr]
+        assert not d.state.router.lanes["lazy"].busy
 
 
 async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
     async with door() as d, d.client("admin") as c:
-        lanes = d.runtime.router.lanes  # type: ignore[union-attr]
-        lanes["chat"].runtime.snapshot()  # sizes the gate to the child's slots, as a request does
-        chat_gate = lanes["chat"].runtime.admission
+        lanes = d.state.router.lanes
+        lanes["chat"].snapshot()  # sizes the gate to the child's slots, as a request does
+        chat_gate = lanes["chat"].admission
         permit = await chat_gate.acquire("team", 1)
         try:
             r = await c.get("/admin/load")
@@ -202,12 +198,13 @@ async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
             assert load["models"]["chat"]["in_flight"] == 1 and load["models"]["embed"]["in_flight"] == 0
             assert load["slots"] == 2 + 3 + 5 and load["in_flight"] == 1 and load["queued"] == 0
             team = next(t for t in load["tenants"] if t["name"] == "team")
+            # The sums over the models beside the tenant's limits (per model, and the total's).
             assert team == {
                 "name": "team",
                 "in_flight": 1,
                 "queued": 0,
-                "max_concurrency": None,
-                "max_queue": None,
+                "max_concurrency": TenantSettings("team").max_concurrency,
+                "max_queue": TenantSettings("team").max_queue,
                 "max_concurrency_total": None,
             }
             chat_team = next(t for t in load["models"]["chat"]["tenants"] if t["name"] == "team")
@@ -218,14 +215,16 @@ async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
             permit.release()
 
 
-@pytest.mark.parametrize("query", ["model=chat", ""])
+@pytest.mark.parametrize("query", ["model=gemma-3-270m", ""])
 async def test_one_model_daemon_relays_props_as_before(query: str) -> None:
-    """Without ``models:`` the query goes on to the child untouched and nothing else changes."""
+    """Without ``models:`` the query goes on to the child untouched, and /admin/load has the same shape
+    as with several: the one model's gate under ``models`` too."""
     fake = FakeLlama(secret=SECRET, slots=4)
     await fake.start()
     key, entry = new_key("ops", frozenset({"admin"}))
     settings = ProxySettings(tenants=(TenantSettings("ops"),), keys=(entry,))
-    app = create_app(settings, StaticSource(dataclasses.replace(snapshot_for(fake.base_url, SECRET))))
+    source = StaticSource(dataclasses.replace(snapshot_for(fake.base_url, SECRET)))
+    app = create_app(settings, source, one_model(source))
     try:
         async with (
             serve(app) as url,
@@ -233,7 +232,8 @@ async def test_one_model_daemon_relays_props_as_before(query: str) -> None:
         ):
             r = await c.get("/props" + (f"?{query}" if query else ""))
             assert r.status_code == 200 and r.json()["total_slots"] == 4
-            assert "models" not in (await c.get("/admin/load")).json()
+            load = (await c.get("/admin/load")).json()
+            assert set(load["models"]) == {"gemma-3-270m"} and load["slots"] == 4
     finally:
         await fake.stop()
 
@@ -256,7 +256,7 @@ class ColdSource(StaticSource):
 async def test_a_client_that_leaves_a_counting_request_ends_its_wait_for_the_load() -> None:
     async with door() as d:
         cold = ColdSource()
-        lane = d.runtime.router.add(ModelEntry("cold", (), cold, "on_demand"))  # type: ignore[union-attr]
+        lane = d.state.router.add(ModelEntry("cold", (), cold, "on_demand"))
         async with d.client("user") as c:
             leaving = asyncio.create_task(c.post("/tokenize", json={"model": "cold", "content": "a"}))
             await eventually(lambda: cold.waiting == 1, 10.0)

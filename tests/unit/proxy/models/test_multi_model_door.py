@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from proxy.models.router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
+from proxy.models.router import ModelRouter
 from proxy.settings import TenantSettings
 from proxy.source import UpstreamSnapshot
 from tests.fakes.fake_upstream import StaticSource, eventually
@@ -37,16 +38,12 @@ class ColdSource:
 
 
 def two_lanes(p: Proxy, second: object | None = None) -> ModelRouter:
-    """Lanes 'a' and 'b' in front of the one fake child (each lane its own gate, as in the daemon)."""
-    router = ModelRouter(
-        p.runtime,
-        [
-            ModelEntry("a", ("a",), p.source),
-            ModelEntry("b", ("b",), second or p.source, "on_demand" if second else "always"),  # type: ignore[arg-type]
-        ],
+    """Lanes 'a' and 'b' in front of the one fake child (each lane its own gate, as in the daemon), in
+    place of the one model, as a SIGHUP would change them."""
+    return p.serve_models(
+        ModelEntry("a", ("a",), p.source),
+        ModelEntry("b", ("b",), second or p.source, "on_demand" if second else "always"),  # type: ignore[arg-type]
     )
-    p.runtime.router = router
-    return router
 
 
 def tenants(total: int | None) -> tuple[TenantSettings, ...]:
@@ -67,7 +64,7 @@ async def test_a_tenants_total_across_models_is_refused_at_once_and_freed_after(
         slow = {**CHAT, "fake_delay_ms": 1500}
         first = asyncio.create_task(c.post("/v1/chat/completions", json={**slow, "model": "a"}))
         second = asyncio.create_task(c.post("/v1/chat/completions", json={**slow, "model": "b"}))
-        await eventually(lambda: p.runtime.totals.held("team") == 2, 10.0)
+        await eventually(lambda: p.state.totals.held("team") == 2, 10.0)
         # Each model's own gate would take it (max_concurrency 4 per model); the total of 2 does not.
         refused = await c.post("/v1/chat/completions", json={**CHAT, "model": "a"})
         assert refused.status_code == 429, refused.text
@@ -76,7 +73,7 @@ async def test_a_tenants_total_across_models_is_refused_at_once_and_freed_after(
         # Another tenant, without a total, is not touched by team's.
         assert (await o.post("/v1/chat/completions", json={**CHAT, "model": "a"})).status_code == 200
         assert [(await t).status_code for t in (first, second)] == [200, 200]
-        assert p.runtime.totals.held("team") == 0
+        assert p.state.totals.held("team") == 0
         assert (await c.post("/v1/chat/completions", json={**CHAT, "model": "b"})).status_code == 200
         async with p.client("admin") as admin:
             text = (await admin.get("/metrics")).text
@@ -112,21 +109,6 @@ async def test_a_client_that_leaves_while_its_model_loads_ends_its_wait(proxy_fa
         async with p.client() as c:
             answer = await c.post("/v1/chat/completions", content=body)
         assert answer.status_code == 200, answer.text
-
-
-def test_the_lanes_share_the_doors_tenant_totals() -> None:
-    from prometheus_client import CollectorRegistry
-
-    from proxy.metrics.proxy import ProxyMetrics
-    from proxy.settings import ProxySettings
-    from proxy.state import ProxyRuntime
-    from tests.fakes.fake_upstream import snapshot_for
-
-    source = StaticSource(snapshot_for("http://127.0.0.1:1", "s"))
-    main = ProxyRuntime(ProxySettings(tenants=tenants(3), keys=()), source, ProxyMetrics(CollectorRegistry()))
-    r = ModelRouter(main, [ModelEntry("a", (), source), ModelEntry("b", (), source)])
-    r.add(ModelEntry("c", (), source))  # a model added on SIGHUP counts in the same total
-    assert {id(lane.runtime.totals) for lane in r.lanes.values()} == {id(main.totals)}
 
 
 def test_held_counts_are_given_back_on_every_path() -> None:

@@ -48,7 +48,7 @@ async def test_counting_routes_take_no_slot_and_are_rate_bounded_per_tenant(
         r = await c.post("/v1/chat/completions/input_tokens", json=body)
         assert r.status_code == 200 and r.json() == {"input_tokens": 11}
         assert (await c.post("/tokenize", json={"content": "a b"})).json() == {"tokens": [0, 1]}
-        assert p.runtime.admission.in_flight == 0
+        assert p.lane.admission.in_flight == 0
         r = await c.post("/tokenize", json={"content": "a b"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
@@ -80,10 +80,10 @@ async def test_cors_preflight_before_auth_and_allow_origin_on_answers(proxy_fact
     async with proxy_factory(cors=cors) as p, p.client(None) as c:
         ok, other = {"origin": "https://app.example"}, {"origin": "https://evil.example"}
         pre = {"access-control-request-method": "POST", "access-control-request-headers": "authorization"}
-        counted = requests_counted(p.runtime.metrics.render())
+        counted = requests_counted(p.state.metrics.render())
         r = await c.options("/v1/chat/completions", headers={**ok, **pre})  # no key at all
         assert r.status_code == 200
-        assert requests_counted(p.runtime.metrics.render()) == counted  # a preflight is not a request
+        assert requests_counted(p.state.metrics.render()) == counted  # a preflight is not a request
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         assert "POST" in r.headers["access-control-allow-methods"]
         assert "authorization" in r.headers["access-control-allow-headers"]
@@ -104,7 +104,7 @@ async def test_cors_preflight_before_auth_and_allow_origin_on_answers(proxy_fact
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
         # "*" answers "*" and never with credentials; "*" headers echo what the preflight asks for.
         anything = CorsSettings(allowed_origins=("*",), allowed_headers=("*",))
-        p.runtime.reload(dataclasses.replace(p.settings, cors=anything))
+        p.state.reload(dataclasses.replace(p.settings, cors=anything))
         asks = {"access-control-request-method": "GET", "access-control-request-headers": "x-stainless-os"}
         r = await c.options("/v1/models", headers={**other, **asks})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"

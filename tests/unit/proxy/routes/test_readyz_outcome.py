@@ -36,7 +36,7 @@ async def test_a_door_problem_makes_a_ready_child_not_ready_with_retry_after(
     # 503s say Retry-After: 1, and so does /readyz (the child being READY has no retry estimate of its own).
     async with proxy_factory() as p, p.client(None) as c:
         assert (await c.get("/readyz")).status_code == 200
-        p.runtime.door = _DoorAtCap()  # type: ignore[assignment]
+        p.state.door = _DoorAtCap()  # type: ignore[assignment]
         r = await c.get("/readyz")
     assert r.status_code == 503
     assert r.json()["ready"] is False and "connection cap" in r.json()["reason"]

@@ -79,9 +79,9 @@ async def test_ui_false_answers_404_everywhere_and_a_reload_applies_it(proxy_fac
             assert r.status_code == 404, path
             assert r.json()["error"]["code"] == "not_found"
             assert "content-security-policy" not in r.headers
-        p.runtime.reload(dataclasses.replace(p.settings, ui=True))
+        p.state.reload(dataclasses.replace(p.settings, ui=True))
         assert (await c.get("/ui/")).status_code == 200
-        p.runtime.reload(dataclasses.replace(p.settings, ui=False))
+        p.state.reload(dataclasses.replace(p.settings, ui=False))
         assert (await c.get("/ui/app.js")).status_code == 404
 
 
@@ -228,6 +228,7 @@ async def test_admin_load_reports_each_tenant(proxy_factory: ProxyFactory) -> No
             "queued": 0,
             "max_concurrency": 4,
             "max_queue": 8,
+            "max_concurrency_total": None,  # the shape of several models' daemon: one shape for both
         }
         assert (await user.get("/admin/load")).status_code == 403
         async with p.client(None) as anonymous:
@@ -236,7 +237,7 @@ async def test_admin_load_reports_each_tenant(proxy_factory: ProxyFactory) -> No
         slow = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "fake_delay_ms": 60000}
         task = asyncio.create_task(user.post("/v1/chat/completions", json=slow))
         try:
-            await eventually(lambda: p.runtime.in_flight == 1, 10.0)
+            await eventually(lambda: p.state.in_flight == 1, 10.0)
             body = (await admin.get("/admin/load")).json()
             assert body["in_flight"] == 1
             assert {t["name"]: t["in_flight"] for t in body["tenants"]} == {"team": 1, "other": 0, "ops": 0}

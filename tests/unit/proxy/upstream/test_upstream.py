@@ -162,6 +162,32 @@ async def test_a_new_child_drops_connections_to_the_old_one(fake: FakeLlama) -> 
     await other.stop()
 
 
+async def test_two_models_children_taking_turns_keep_their_connections(fake: FakeLlama) -> None:
+    # One pool for every model (the door's): requests to two children in turn must not close each
+    # other's idle connections, as a pool that knew one child at a time did on every switch.
+    other = FakeLlama(secret="s3cret", tokens=3)
+    await other.start()
+    up = Upstream(Timeouts())
+    chat, embed = (
+        snapshot_for(fake.base_url, "s3cret", model_alias="chat"),
+        snapshot_for(other.base_url, "s3cret", model_alias="embed"),
+    )
+    try:
+        for _ in range(3):
+            for snap in (chat, embed):
+                response = await up.open(snap, "POST", "/v1/chat/completions", BODY, "r")
+                assert response.status == 200 and b"tok" in await response.read()
+                response.release()
+        assert (fake.connections, other.connections) == (1, 1)
+        assert up.idle_connections() == 2
+        # A child of one model replaced (a new generation): only that model's connections go.
+        up._target(snapshot_for(other.base_url, "s3cret", model_alias="embed", generation=2))
+        assert list(up._idle) == [("127.0.0.1", fake.port)]
+    finally:
+        await up.aclose()
+        await other.stop()
+
+
 async def test_malformed_http_from_the_child() -> None:
     handled = asyncio.Event()
 
