@@ -20,13 +20,12 @@ from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
-from proxy.auth import KeyTable, Principal, require
+from proxy.auth import NOBODY, Access, KeyTable, Principal, require
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.models.lane import ModelEntry
 from proxy.models.router import ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
-from proxy.settings import Scope as KeyScope
 from proxy.source import UpstreamSource
 from proxy.upstream.pool import Upstream
 
@@ -109,13 +108,14 @@ class ProxyState:
         if self._active == 0:
             self._idle.wake()
 
-    def authorize(self, ctx: RequestContext, route: str, scope: KeyScope) -> Principal:
+    def authorize(self, ctx: RequestContext, access: Access) -> Principal:
         """Who is calling, recorded on the request for the access log and metrics (even when refused),
-        and whether their key may use this route."""
-        ctx.route = route
+        and whether their key may use a route of this ``access``."""
+        if access == "none":
+            return NOBODY
         principal = self.keys.authenticate(ctx.authorization, ctx.client_host)
         ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-        require(principal, scope)
+        require(principal, access)
         return principal
 
     def tenant(self, name: str) -> TenantSettings:

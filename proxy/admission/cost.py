@@ -1,6 +1,6 @@
 """What a generation request will cost in llama-server, and the tenant's bounds on it.
 
-One call per request, keyed by route kind, before admission: ``check(kind, payload, tenant, ...)``
+One call per request, keyed by the route's cost kind, before admission: ``check(kind, payload, tenant, ...)``
 refuses (``BadRequest``, naming the field) or rewrites the parsed body, and says how many slots the
 request will occupy at once, which is what admission must take.
 
@@ -32,54 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.errors import BadRequest
-from proxy.routes.table import ROUTES
 from proxy.settings import TenantSettings
 
-# chat: /v1/chat/completions and chat-shaped routes (Responses, Anthropic Messages: one prompt, n applies).
-# completion: /v1/completions, /completion, /infill ("prompt" may be an array). embedding: "input" or
-# "content" arrays, no n. rerank: one task per document, no n.
-RouteKind = Literal["chat", "completion", "embedding", "rerank"]
-
-# How each generation kind of ``proxy.routes.table`` is counted: the OpenAI Responses and Anthropic
-# Messages dialects are chat (one conversation); llama-server's native /completion and /infill take a
-# prompt like OpenAI completions.
-_COUNTED_AS: dict[str, RouteKind] = {
-    "chat": "chat",
-    "responses": "chat",
-    "messages": "chat",
-    "completions": "completion",
-    "completion": "completion",
-    "infill": "completion",
-    "embeddings": "embedding",
-    "rerank": "rerank",
-}
-# Routes whose non-streamed answers the proxy assembles from a stream (``proxy.streams.assemble``): the OpenAI
-# chat and completions formats, the ones it knows how to build (not the native /completion(s), whose
-# answer has another shape).
-AssembledKind = Literal["chat", "completion"]
-_ASSEMBLED_AS: dict[str, AssembledKind] = {"chat": "chat", "completions": "completion"}
-_KIND_BY_ROUTE: dict[str, RouteKind] = {
-    spec.path: _COUNTED_AS[spec.kind] for spec in ROUTES if spec.kind in _COUNTED_AS
-}
-_ASSEMBLED: dict[str, AssembledKind] = {
-    spec.path: _ASSEMBLED_AS[spec.kind] for spec in ROUTES if spec.kind in _ASSEMBLED_AS
-}
-
-
-def route_kind(route: str) -> RouteKind:
-    """How a route's requests are counted; an unknown generation route counts like chat (one prompt)."""
-    return _KIND_BY_ROUTE.get(route, "chat")
-
-
-def assembled_kind(route: str, payload: dict[str, Any]) -> AssembledKind | None:
-    """The format to assemble when this non-streamed request is streamed from the child, or None to
-    relay the child's own non-streamed answer (other formats; and chat with tools and logprobs, which
-    llama-server refuses to stream)."""
-    kind = _ASSEMBLED.get(route)
-    if kind == "chat" and payload.get("logprobs") is True and payload.get("tools"):
-        return None
-    return kind
-
+# How a request is counted (each route's ``cost`` in ``proxy.routes.table``). chat: /v1/chat/completions
+# and chat-shaped routes (Responses, Anthropic Messages: one prompt, n applies). completion:
+# /v1/completions, /completion, /infill ("prompt" may be an array). embedding: "input" or "content"
+# arrays, no n. rerank: one task per document, no n.
+CostKind = Literal["chat", "completion", "embedding", "rerank"]
 
 # Fields that bound the number of generated tokens, in the OpenAI API (Responses: max_output_tokens)
 # and llama.cpp's own.
@@ -100,7 +59,7 @@ class Cost:
 
 
 def check(
-    kind: RouteKind, payload: dict[str, Any], tenant: TenantSettings, *, admin: bool, capacity: int
+    kind: CostKind, payload: dict[str, Any], tenant: TenantSettings, *, admin: bool, capacity: int
 ) -> Cost:
     """Refuse or rewrite ``payload`` for ``tenant`` and return what it costs. ``capacity``: the child's
     slot count now."""
@@ -187,7 +146,7 @@ def _is_prompt_list(value: Any) -> bool:
     return isinstance(value, list) and not any(isinstance(e, int) and not isinstance(e, bool) for e in value)
 
 
-def _prompts(kind: RouteKind, payload: dict[str, Any]) -> int:
+def _prompts(kind: CostKind, payload: dict[str, Any]) -> int:
     if kind == "chat":
         return 1
     if kind == "rerank":
@@ -212,7 +171,7 @@ def _drop_slot_choice(payload: dict[str, Any]) -> bool:
     raise BadRequest("'id_slot' chooses a slot and is only accepted from admin keys")
 
 
-def _bound_logprobs(kind: RouteKind, payload: dict[str, Any], limit: int) -> bool:
+def _bound_logprobs(kind: CostKind, payload: dict[str, Any], limit: int) -> bool:
     """Refuse a candidate count above ``limit``, naming the field; fill in chat's implicit 20 when the
     limit is lower."""
     for name in ("n_probs", "top_logprobs"):

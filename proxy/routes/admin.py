@@ -16,22 +16,18 @@ from __future__ import annotations
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.responses import send_bytes, send_json
+from proxy.auth import Principal
 from proxy.metrics.proxy import CONTENT_TYPE
 from proxy.models.lane import Lane
 from proxy.state import ProxyState
-
-ROUTE = "/admin/load"
 
 
 class Metrics:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx: RequestContext = scope[SCOPE_KEY]
-        self.state.authorize(ctx, "/metrics", "admin")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         await send_bytes(send, 200, await self.state.metrics.render_fresh(), CONTENT_TYPE.encode())
 
 
@@ -41,9 +37,7 @@ class Identity:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx: RequestContext = scope[SCOPE_KEY]
-        self.state.authorize(ctx, "/admin/identity", "admin")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         await send_json(send, 200, dict(self.state.source.identity()))
 
 
@@ -51,9 +45,7 @@ class AdminLoad:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx: RequestContext = scope[SCOPE_KEY]
-        self.state.authorize(ctx, ROUTE, "admin")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         await send_json(send, 200, load_report(self.state))
 
 

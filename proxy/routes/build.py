@@ -1,16 +1,21 @@
-"""One ASGI endpoint per row of ``proxy.routes.table``, chosen by the row's ``kind``.
+"""One ASGI endpoint per row of ``proxy.routes.table``: the row's kind picks the endpoint, the row's
+``access`` is checked before it runs (one auth step for every route: no endpoint decides who may call
+it), and the row itself (stream format, cost kind, feature) configures it.
 
 Generation rows all go through ``Inference`` (the one admission path: permits, token caps, model check,
-disconnect handling), differing only in their stream format. Anthropic rows are wrapped so their
-credentials may come from ``x-api-key`` and their refusals are in Anthropic's error shape.
+disconnect handling). Anthropic rows are wrapped so their credentials may come from ``x-api-key`` and
+their refusals are in Anthropic's shape.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.asgi.context import SCOPE_KEY
+from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.auth import Access, Principal
 from proxy.errors import NotFound
 from proxy.middleware.anthropic import AnthropicRoute
 from proxy.routes.admin import AdminLoad, Identity, Metrics
@@ -20,49 +25,58 @@ from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
 from proxy.routes.table import REFUSED, ROUTES, RouteSpec
 from proxy.state import ProxyState
-from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT, StreamFormat
-
-FORMATS: dict[str, StreamFormat] = {
-    "chat": OPENAI,
-    "completions": OPENAI,
-    "completion": NATIVE,
-    "infill": NATIVE,
-    "responses": RESPONSES,
-    "messages": ANTHROPIC,
-    "embeddings": SILENT,
-    "rerank": SILENT,
-}
 
 
-def endpoint(state: ProxyState, spec: RouteSpec) -> ASGIApp:
+class Endpoint(Protocol):
+    """What serves one row, once its access is checked: ``who`` is the caller (``NOBODY`` on a route
+    open to everyone)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None: ...
+
+
+class Guarded:
+    """A row's endpoint behind the row's access."""
+
+    __slots__ = ("access", "endpoint", "path", "state")
+
+    def __init__(self, state: ProxyState, spec: RouteSpec, endpoint: Endpoint) -> None:
+        self.state = state
+        self.path = spec.path
+        self.access: Access = spec.access
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        ctx.route = self.path  # the row's path: a bounded label, even when the caller is refused
+        who = self.state.authorize(ctx, self.access)
+        await self.endpoint(scope, receive, send, who)
+
+
+def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
     kind = spec.kind
-    app: ASGIApp
     if spec.admission:
-        silent = kind in ("embeddings", "rerank")
-        app = Inference(state, spec.path, silent, fmt=FORMATS[kind], needs=spec.needs)
-    elif kind == "count":
-        app = Counting(state, spec.path)
-    elif kind == "models":
-        app = ModelsRoute(state)
-    elif kind == "props":
-        app = Props(state)
-    elif kind == "health":
-        app = Health(state, spec.path)
-    elif kind == "liveness":
-        app = Healthz()
-    elif kind == "readiness":
-        app = Readyz(state)
-    elif kind == "metrics":
-        app = Metrics(state)
-    elif kind == "identity":
-        app = Identity(state)
-    elif kind == "load":
-        app = AdminLoad(state)
-    elif kind == "slots":
-        app = Passthrough(state, spec.path, "admin", need_ready=False)
-    else:  # pragma: no cover - the table's Literal type keeps this unreachable
-        raise ValueError(f"no endpoint for kind {kind!r}")
-    return AnthropicRoute(app) if spec.anthropic else app
+        return Inference(state, spec)
+    if kind == "count":
+        return Counting(state, spec.path)
+    if kind == "models":
+        return ModelsRoute(state)
+    if kind == "props":
+        return Props(state, spec.path)
+    if kind == "health":
+        return Health(state)
+    if kind == "liveness":
+        return Healthz()
+    if kind == "readiness":
+        return Readyz(state)
+    if kind == "metrics":
+        return Metrics(state)
+    if kind == "identity":
+        return Identity(state)
+    if kind == "load":
+        return AdminLoad(state)
+    if kind == "slots":
+        return Passthrough(state, spec.path, need_ready=False)
+    raise ValueError(f"no endpoint for kind {kind!r}")  # pragma: no cover - the Literal keeps it out
 
 
 class RefusedRoute:
@@ -78,7 +92,12 @@ class RefusedRoute:
 
 
 def routes(state: ProxyState) -> list[Route]:
-    served = [Route(spec.path, endpoint(state, spec), methods=list(spec.methods)) for spec in ROUTES]
+    served = []
+    for spec in ROUTES:
+        app: ASGIApp = Guarded(state, spec, endpoint(state, spec))
+        if spec.anthropic:
+            app = AnthropicRoute(app)
+        served.append(Route(spec.path, app, methods=list(spec.methods)))
     taken = {spec.path for spec in ROUTES}
     refused = [
         Route(r.path, RefusedRoute(r.path, r.reason), methods=list(r.methods))

@@ -36,11 +36,13 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
+from proxy.routes.table import RouteSpec
 from proxy.settings import TenantSettings
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
-from proxy.streams.assemble import AnswerTooLarge
-from proxy.streams.formats import OPENAI, StreamFormat
+from proxy.streams.assemble import AnswerTooLarge, assembled_as
+from proxy.streams.assemble import Kind as AssembledKind
+from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
 from proxy.upstream.connection import UpstreamClosed
 
@@ -50,41 +52,32 @@ class _Plan:
 
     __slots__ = ("assemble", "hide", "stream")
 
-    def __init__(self, stream: bool, assemble: limits.AssembledKind | None, hide: bool) -> None:
+    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool) -> None:
         self.stream = stream  # the client asked for a stream
         self.assemble = assemble  # non-streamed for the client, streamed from the child
         self.hide = hide  # strip prompt-cache detail from the answer
 
 
 class Inference:
-    """ASGI endpoint for one inference route (a generation row of ``proxy.routes.table``), forwarded to
-    the same path on the child. ``embeddings``: the answer generates no tokens (embeddings, rerank), so
-    no token cap and no stream; ``needs``: the child feature the route requires; ``fmt``: how its stream
-    is measured; ``kind``: how ``proxy.admission.cost`` counts its cost (derived from the route when not
-    given)."""
+    """The endpoint of one generation row of ``proxy.routes.table``, forwarded to the same path on the
+    child. Everything route-specific comes from the row: the child feature it needs, how its stream is
+    measured (``stream``), how ``proxy.admission.cost`` counts it (``cost``), what is assembled for a
+    non-streamed request (``assembled``); a route that generates no tokens (embeddings, rerank) has no
+    token cap and no stream."""
 
-    def __init__(
-        self,
-        state: ProxyState,
-        route: str,
-        embeddings: bool = False,
-        *,
-        fmt: StreamFormat = OPENAI,
-        needs: str | None = None,
-        kind: limits.RouteKind | None = None,
-    ) -> None:
+    def __init__(self, state: ProxyState, spec: RouteSpec) -> None:
+        assert spec.stream is not None and spec.cost is not None, spec.path
         self.state = state
-        self.route = route
-        self.embeddings = embeddings
-        self.fmt = fmt
-        self.needs = needs if needs is not None else ("embeddings" if embeddings else None)
-        self.kind: limits.RouteKind = kind or ("embedding" if embeddings else limits.route_kind(route))
+        self.route = spec.path
+        self.spec = spec
+        self.fmt: StreamFormat = spec.stream
+        self.kind: limits.CostKind = spec.cost
+        self.needs = spec.needs
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
-        principal = state.authorize(ctx, self.route, "inference")
-        tenant = state.tenant(principal.tenant)
+        tenant = state.tenant(who.tenant)
         only = state.router.only()
         snap: UpstreamSnapshot | None = None
         if only is not None and not only.on_demand:
@@ -103,7 +96,7 @@ class Inference:
         try:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
-            await self._admitted(lane, snap, ctx, principal, tenant, raw, payload, send, receive)
+            await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -133,10 +126,10 @@ class Inference:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
         rewrite = cost.rewritten or rewrite
-        stream = payload.get("stream") is True and not self.embeddings
+        stream = payload.get("stream") is True and self.spec.generates
         if tenant.check_prompt_size:
             prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
-        assemble = None if stream else limits.assembled_kind(self.route, payload)
+        assemble = None if stream else assembled_as(self.spec.assembled, payload)
         if assemble is not None:
             payload["stream"] = True
             payload["stream_options"] = {"include_usage": True}

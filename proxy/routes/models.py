@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.responses import send_json
+from proxy.auth import Principal
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 
@@ -31,10 +31,8 @@ class ModelsRoute:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx: RequestContext = scope[SCOPE_KEY]
-        principal = self.state.authorize(ctx, "/v1/models", "inference")
-        tenant = self.state.tenants.get(principal.tenant)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        tenant = self.state.tenants.get(who.tenant)
         data: list[Mapping[str, object]] = []
         for name, lane in self.state.router.lanes.items():
             if tenant is not None and tenant.models and name not in tenant.models:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qs, quote
 
 from starlette.types import Receive, Scope, Send
@@ -17,9 +17,8 @@ from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.asgi.responses import send_bytes, send_json
 from proxy.auth import Principal
-from proxy.errors import Forbidden, NotReady, UpstreamFailure, UpstreamTimeout
+from proxy.errors import NotReady, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
-from proxy.settings import Scope as KeyScope
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 from proxy.upstream.connection import UpstreamClosed
@@ -29,30 +28,17 @@ _QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))
 
 
 class Passthrough:
-    """A route relayed to the child as is, after auth: the model list and llama.cpp's admin routes.
-    ``scope_needed`` "any key": an inference or an admin key (see ``authorize_any``)."""
+    """A route relayed to the child as is: llama.cpp's admin routes, and the base of the others here.
+    ``need_ready``: only a READY child answers (else any running one does)."""
 
-    def __init__(
-        self,
-        state: ProxyState,
-        route: str,
-        scope_needed: KeyScope | Literal["any key"],
-        need_ready: bool = True,
-    ) -> None:
+    def __init__(self, state: ProxyState, route: str, need_ready: bool = True) -> None:
         self.state = state
         self.route = route
-        self.scope_needed = scope_needed
         self.need_ready = need_ready
 
-    def authorize(self, ctx: RequestContext) -> Principal:
-        if self.scope_needed == "any key":
-            return authorize_any(self.state, ctx, self.route)
-        return self.state.authorize(ctx, self.route, self.scope_needed)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        principal = self.authorize(ctx)
-        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
+        status, content_type, content = await self.fetch(scope, receive, ctx, who)
         await send_bytes(send, status, content, content_type)
 
     async def fetch(
@@ -145,29 +131,13 @@ def query_model(scope: Scope) -> str | None:
     return values[-1] if values else None
 
 
-def authorize_any(state: ProxyState, ctx: RequestContext, route: str) -> Principal:
-    """Like ``ProxyState.authorize`` for a route open to inference and admin keys alike."""
-    ctx.route = route
-    principal = state.keys.authenticate(ctx.authorization, ctx.client_host)
-    ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-    if not principal.scopes & {"inference", "admin"}:
-        raise Forbidden("this key lacks the 'inference' or 'admin' scope required by this route")
-    return principal
-
-
 class Counting(Passthrough):
     """Tokenizing and templating (``kind: count``): no slot, a per-tenant rate bound instead, the model
     name resolved like on the generation routes (an alias is accepted and left for the child to ignore)."""
 
-    def __init__(self, state: ProxyState, route: str) -> None:
-        super().__init__(state, route, "any key")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx: RequestContext = scope[SCOPE_KEY]
-        principal = self.authorize(ctx)
-        self.state.count_rate.allow(principal.tenant)
-        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
-        await send_bytes(send, status, content, content_type)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        self.state.count_rate.allow(who.tenant)
+        await super().__call__(scope, receive, send, who)
 
 
 # What /props shows an inference key: what a client needs to talk to the model (context, template,
@@ -194,14 +164,13 @@ class Props(Passthrough):
     """``GET /props``: llama-server's whole answer for admin keys; for inference keys the allowlisted
     fields only. Answered while the child runs, even when not ready (as before, for operators)."""
 
-    def __init__(self, state: ProxyState) -> None:
-        super().__init__(state, "/props", "any key", need_ready=False)
+    def __init__(self, state: ProxyState, route: str) -> None:
+        super().__init__(state, route, need_ready=False)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
-        principal = self.authorize(ctx)
-        status, content_type, content = await self.fetch(scope, receive, ctx, principal)
-        if "admin" not in principal.scopes and status == 200:
+        status, content_type, content = await self.fetch(scope, receive, ctx, who)
+        if "admin" not in who.scopes and status == 200:
             try:
                 props = json.loads(content)
             except ValueError:

@@ -8,6 +8,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.asgi.context import SCOPE_KEY
 from proxy.asgi.responses import send_json
+from proxy.auth import Principal
 from proxy.errors import NotReady
 from proxy.state import ProxyState
 
@@ -15,8 +16,7 @@ from proxy.state import ProxyState
 class Healthz:
     """Liveness: the event loop that serves this also runs the supervisor, so an answer means both live."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[SCOPE_KEY].route = "/healthz"
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         await send_json(send, 200, {"status": "ok"})
 
 
@@ -24,8 +24,7 @@ class Readyz:
     def __init__(self, state: ProxyState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[SCOPE_KEY].route = "/readyz"
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         snap = self.state.source.snapshot()
         # The child may be fine while the proxy itself cannot take a new connection (at its cap, out of
         # file descriptors): a load balancer must hear that too.
@@ -69,12 +68,10 @@ class Health:
     the child's own words: ``200 {"status":"ok"}`` when ready, else ``503`` with its loading error shape
     (plus ``Retry-After``). Monitoring written for llama-server keeps working through the proxy."""
 
-    def __init__(self, state: ProxyState, route: str) -> None:
+    def __init__(self, state: ProxyState) -> None:
         self.state = state
-        self.route = route
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[SCOPE_KEY].route = self.route
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         snap = self.state.source.snapshot()
         if snap.ready:
             await send_json(send, 200, {"status": "ok"})

@@ -7,11 +7,14 @@ doc and compares it with these rows, so neither can drift. Aliases (``/chat/comp
 ``/v1/chat/completions``...) are rows of their own, never a pattern: the metrics and access log label a
 request by its row's path, a bounded set.
 
-``kind`` says how a row is served (``proxy.routes.build`` maps kinds to endpoints):
+A row is everything about its route: who may call (``access``, enforced from the row), and for a
+generation route its stream format (``proxy.streams.formats``), its cost kind (``proxy.admission.cost``)
+and the answer assembled for a non-streamed request (``proxy.streams.assemble``). ``kind`` says how a
+row is served (``proxy.routes.build`` maps kinds to endpoints):
 
-- generation kinds take admission permits and are measured from their own stream format
-  (``proxy.streams.formats``): ``chat``, ``completions`` (OpenAI text completions), ``completion``
-  (llama-server's native API), ``infill``, ``responses``, ``messages``, ``embeddings``, ``rerank``;
+- generation kinds take admission permits: ``chat``, ``completions`` (OpenAI text completions),
+  ``completion`` (llama-server's native API), ``infill``, ``responses``, ``messages``, ``embeddings``,
+  ``rerank``;
 - ``count``: tokenizing and templating, answered by the child's HTTP threads without a slot; bounded by
   a per-tenant rate instead (``proxy.admission.count_rate``);
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
@@ -26,6 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from proxy.admission.cost import CostKind
+from proxy.auth import Access
+from proxy.streams.assemble import Kind as AssembledKind
+from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT, StreamFormat
 
 Kind = Literal[
     "chat",
@@ -47,18 +55,8 @@ Kind = Literal[
     "load",
     "slots",
 ]
-# Who may call: "none" (no credentials), "inference", "admin", or "any key" (inference or admin).
-Access = Literal["none", "inference", "admin", "any key"]
 # The child must have been started with this feature (llama.embeddings / llama.reranking).
 Feature = Literal["embeddings", "reranking"]
-
-GENERATION: frozenset[str] = frozenset(
-    {"chat", "completions", "completion", "infill", "responses", "messages", "embeddings", "rerank"}
-)
-# Kinds whose answer may be a stream of generated tokens (embeddings and rerank never are).
-STREAMING: frozenset[str] = frozenset(
-    {"chat", "completions", "completion", "infill", "responses", "messages"}
-)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,15 @@ class RouteSpec:
     path: str
     methods: tuple[str, ...]
     kind: Kind
+    # Who may call: "none" (no credentials), "inference", "admin", or "any key" (inference or admin);
+    # checked from here for every row (``proxy.routes.build``), never by an endpoint.
     access: Access
+    # Generation rows: how the answer is measured and an error ends its stream; how the request's cost
+    # is counted (``proxy.admission.cost``); which OpenAI answer the proxy assembles from the child's
+    # stream when the client asked for none (None: the child's own answer is relayed).
+    stream: StreamFormat | None = None
+    cost: CostKind | None = None
+    assembled: AssembledKind | None = None
     needs: Feature | None = None
     # Anthropic clients: credentials also from x-api-key, errors in Anthropic's shape.
     anthropic: bool = False
@@ -74,7 +80,12 @@ class RouteSpec:
     @property
     def admission(self) -> bool:
         """True when the route takes slot permits (and waits in the tenant's queue for them)."""
-        return self.kind in GENERATION
+        return self.cost is not None
+
+    @property
+    def generates(self) -> bool:
+        """Its answer is generated tokens, and may be a stream (not embeddings, not rerank)."""
+        return self.cost in ("chat", "completion")
 
 
 @dataclass(frozen=True)
@@ -85,25 +96,28 @@ class Refused:
 
 
 _P, _G = ("POST",), ("GET",)
+_INF: Access = "inference"
 
 ROUTES: tuple[RouteSpec, ...] = (
-    RouteSpec("/v1/chat/completions", _P, "chat", "inference"),
-    RouteSpec("/chat/completions", _P, "chat", "inference"),
-    RouteSpec("/v1/completions", _P, "completions", "inference"),
-    # llama-server answers /completions (unversioned) with its native API, like /completion.
-    RouteSpec("/completions", _P, "completion", "inference"),
-    RouteSpec("/completion", _P, "completion", "inference"),
-    RouteSpec("/infill", _P, "infill", "inference"),
-    RouteSpec("/v1/responses", _P, "responses", "inference"),
-    RouteSpec("/responses", _P, "responses", "inference"),
-    RouteSpec("/v1/messages", _P, "messages", "inference", anthropic=True),
-    RouteSpec("/v1/embeddings", _P, "embeddings", "inference", needs="embeddings"),
-    RouteSpec("/embeddings", _P, "embeddings", "inference", needs="embeddings"),
-    RouteSpec("/embedding", _P, "embeddings", "inference", needs="embeddings"),
-    RouteSpec("/v1/rerank", _P, "rerank", "inference", needs="reranking"),
-    RouteSpec("/v1/reranking", _P, "rerank", "inference", needs="reranking"),
-    RouteSpec("/rerank", _P, "rerank", "inference", needs="reranking"),
-    RouteSpec("/reranking", _P, "rerank", "inference", needs="reranking"),
+    RouteSpec("/v1/chat/completions", _P, "chat", _INF, OPENAI, "chat", "chat"),
+    RouteSpec("/chat/completions", _P, "chat", _INF, OPENAI, "chat", "chat"),
+    RouteSpec("/v1/completions", _P, "completions", _INF, OPENAI, "completion", "completion"),
+    # llama-server answers /completions (unversioned) with its native API, like /completion; its
+    # non-streamed answer has another shape than OpenAI's, so it is the child's own.
+    RouteSpec("/completions", _P, "completion", _INF, NATIVE, "completion"),
+    RouteSpec("/completion", _P, "completion", _INF, NATIVE, "completion"),
+    RouteSpec("/infill", _P, "infill", _INF, NATIVE, "completion"),
+    # The OpenAI Responses and Anthropic Messages dialects count as chat (one conversation).
+    RouteSpec("/v1/responses", _P, "responses", _INF, RESPONSES, "chat"),
+    RouteSpec("/responses", _P, "responses", _INF, RESPONSES, "chat"),
+    RouteSpec("/v1/messages", _P, "messages", _INF, ANTHROPIC, "chat", anthropic=True),
+    RouteSpec("/v1/embeddings", _P, "embeddings", _INF, SILENT, "embedding", needs="embeddings"),
+    RouteSpec("/embeddings", _P, "embeddings", _INF, SILENT, "embedding", needs="embeddings"),
+    RouteSpec("/embedding", _P, "embeddings", _INF, SILENT, "embedding", needs="embeddings"),
+    RouteSpec("/v1/rerank", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
+    RouteSpec("/v1/reranking", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
+    RouteSpec("/rerank", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
+    RouteSpec("/reranking", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
     RouteSpec("/v1/chat/completions/input_tokens", _P, "count", "any key"),
     RouteSpec("/chat/completions/input_tokens", _P, "count", "any key"),
     RouteSpec("/v1/responses/input_tokens", _P, "count", "any key"),
@@ -112,8 +126,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/apply-template", _P, "count", "any key"),
     RouteSpec("/tokenize", _P, "count", "any key"),
     RouteSpec("/detokenize", _P, "count", "any key"),
-    RouteSpec("/v1/models", _G, "models", "inference"),
-    RouteSpec("/models", _G, "models", "inference"),
+    RouteSpec("/v1/models", _G, "models", _INF),
+    RouteSpec("/models", _G, "models", _INF),
     RouteSpec("/props", _G, "props", "any key"),
     RouteSpec("/health", _G, "health", "none"),
     RouteSpec("/v1/health", _G, "health", "none"),

@@ -36,6 +36,15 @@ from proxy.errors import UpstreamFailure
 Kind = Literal["chat", "completion"]
 
 
+def assembled_as(kind: Kind | None, payload: dict[str, Any]) -> Kind | None:
+    """What to assemble when this non-streamed request of a route that assembles ``kind`` is streamed
+    from the child, or None to relay the child's own non-streamed answer (a route that does not
+    assemble; and chat with tools and logprobs, which llama-server refuses to stream)."""
+    if kind == "chat" and payload.get("logprobs") is True and payload.get("tools"):
+        return None
+    return kind
+
+
 class AnswerTooLarge(UpstreamFailure):
     """The answer grew beyond the proxy's bound for non-streamed answers."""
 

@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
-from proxy.admission.cost import assembled_kind, check, route_kind
+from proxy.admission.cost import check
 from proxy.errors import BadRequest
+from proxy.routes.table import ROUTES
 from proxy.settings import TenantSettings
+from proxy.streams.assemble import assembled_as
 
 T = TenantSettings("t", max_concurrency=2, max_n=4, max_prompts=16, max_logprobs=20)
 
@@ -111,9 +113,11 @@ def test_token_cap_and_cache_settings() -> None:
 
 
 def test_route_kinds() -> None:
-    assert route_kind("/v1/chat/completions") == "chat"
-    assert route_kind("/v1/completions") == "completion" and route_kind("/infill") == "completion"
-    assert route_kind("/v1/embeddings") == "embedding" and route_kind("/v1/rerank") == "rerank"
-    assert assembled_kind("/v1/completions", {}) == "completion"
-    assert assembled_kind("/v1/chat/completions", {"logprobs": True, "tools": [{}]}) is None
-    assert assembled_kind("/completion", {}) is None
+    # The cost and assembled kinds are columns of each row of the route table.
+    by_path = {r.path: r for r in ROUTES}
+    assert by_path["/v1/chat/completions"].cost == "chat"
+    assert by_path["/v1/completions"].cost == "completion" and by_path["/infill"].cost == "completion"
+    assert by_path["/v1/embeddings"].cost == "embedding" and by_path["/v1/rerank"].cost == "rerank"
+    assert assembled_as(by_path["/v1/completions"].assembled, {}) == "completion"
+    assert assembled_as(by_path["/v1/chat/completions"].assembled, {"logprobs": True, "tools": [{}]}) is None
+    assert assembled_as(by_path["/completion"].assembled, {}) is None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from proxy.routes.build import FORMATS
-from proxy.routes.table import GENERATION, REFUSED, ROUTES, STREAMING
+from proxy.routes.table import REFUSED, ROUTES
+from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT
 
 DOC = Path(__file__).resolve().parents[4] / "docs" / "api.md"
 _CREDENTIALS = {"none": "none", "inference key": "inference", "admin key": "admin", "any key": "any key"}
@@ -53,13 +53,36 @@ def test_a_path_is_served_once_and_refused_only_for_other_methods() -> None:
         assert not served.get(refused.path, set()) & set(refused.methods), refused.path
 
 
-def test_every_generation_kind_has_a_stream_format_and_takes_admission() -> None:
-    assert set(FORMATS) == GENERATION and STREAMING <= GENERATION
+GENERATION = {"chat", "completions", "completion", "infill", "responses", "messages", "embeddings", "rerank"}
+# Kinds whose answer may be a stream of generated tokens (embeddings and rerank never are).
+STREAMING = GENERATION - {"embeddings", "rerank"}
+
+
+def test_every_generation_row_has_a_stream_format_and_a_cost_and_takes_admission() -> None:
     for r in ROUTES:
-        assert r.admission == (r.kind in GENERATION)
+        assert r.admission == (r.kind in GENERATION) == (r.stream is not None) == (r.cost is not None), r
+        assert r.generates == (r.kind in STREAMING), r
+        assert r.assembled is None or r.generates, r
         # Generation is never open without a key; "/" stays free for the status page.
         assert r.access != "none" or r.kind in {"health", "liveness", "readiness"}
         assert r.path != "/" and re.fullmatch(r"(/[a-z0-9_\-]+)+", r.path), r.path
+
+
+def test_each_generation_kind_has_its_stream_format_cost_and_assembled_answer() -> None:
+    # One stream format, one cost and one assembled answer per kind, whatever the alias.
+    expected = {
+        "chat": (OPENAI, "chat", "chat"),
+        "completions": (OPENAI, "completion", "completion"),
+        "completion": (NATIVE, "completion", None),  # the native answer has another shape
+        "infill": (NATIVE, "completion", None),
+        "responses": (RESPONSES, "chat", None),
+        "messages": (ANTHROPIC, "chat", None),
+        "embeddings": (SILENT, "embedding", None),
+        "rerank": (SILENT, "rerank", None),
+    }
+    for r in ROUTES:
+        if r.kind in expected:
+            assert (r.stream, r.cost, r.assembled) == expected[r.kind], r.path
 
 
 def test_the_routes_the_issue_asks_for_exist() -> None:
