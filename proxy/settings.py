@@ -69,7 +69,7 @@ class TenantSettings:
     cache_prompt: bool = True
     # Names of the models this tenant may use (several-model daemons); empty: every model.
     models: tuple[str, ...] = ()
-    # Slots held or awaited across every model at once (``proxy.tenant_totals``); None: no total.
+    # Slots held or awaited across every model at once (``proxy.admission.totals``); None: no total.
     max_concurrency_total: int | None = None
     # Tokens and requests per minute and per day (``proxy.accounts.budgets``); all None: no budget.
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
@@ -90,7 +90,7 @@ class Listener:
 
 @dataclass(frozen=True)
 class DoorSettings:
-    """Limits of the listener itself, enforced before a request reaches the app (``proxy.door``)."""
+    """Limits of the listener itself, enforced before a request reaches the app (``proxy.listener``)."""
 
     # Request line (method, target, version) longer than this: 414.
     max_request_line_bytes: int = 8190
@@ -131,8 +131,6 @@ class ProxySettings:
     keys: tuple[KeyEntry, ...] = ()
     # Tenant used for requests without credentials, from loopback clients only. Off (None) by default.
     anonymous_tenant: str | None = None
-    # Other names accepted in a request's "model" field besides the served alias.
-    model_aliases: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
     timeouts: Timeouts = field(default_factory=Timeouts)
     # Optional unauthenticated /metrics listener, loopback only (for a local Prometheus agent).

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 import uvicorn
 
 from proxy.app import create_app
-from proxy.door import FrontDoor, uvicorn_config
-from proxy.readiness import UpstreamSnapshot
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.models.lane import ModelEntry
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings
+from proxy.source import UpstreamSnapshot
 from supervisor import logs
 
 
@@ -63,7 +64,8 @@ async def _serve(args: argparse.Namespace) -> None:
         retry_after_s=1.0,
     )
     settings = build_settings(args)
-    app = create_app(settings, FixedUpstream(snap))
+    source = FixedUpstream(snap)
+    app = create_app(settings, source, [ModelEntry(args.alias, (), source)])
     config = uvicorn_config(
         app,
         FrontDoor(lambda: settings.door),

@@ -120,7 +120,8 @@ def _status(args: argparse.Namespace) -> int:
     )
     b = ready_body
     models = b.get("models")
-    several = isinstance(models, dict)
+    models = models if isinstance(models, dict) else {}
+    several = len(models) > 1  # one model's daemon: its lines as they always were
     if not several:
         print(f"  model        {b.get('model')}  {b.get('slots')} slots x {b.get('ctx_per_slot')} tokens")
         print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
@@ -132,7 +133,7 @@ def _status(args: argparse.Namespace) -> int:
     if b.get("recovery"):
         print(f"  recovery     {b['recovery']}")
     print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
-    if isinstance(models, dict):
+    if several:
         _print_models(models)
     if identity_error:
         print(f"  identity     not available: {identity_error}")

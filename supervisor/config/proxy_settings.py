@@ -62,7 +62,6 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         ),
         keys=keys + tuple(extra_keys),
         anonymous_tenant=p.anonymous_tenant,
-        model_aliases=p.model_aliases,
         max_body_bytes=p.max_body_bytes,
         timeouts=Timeouts(
             connect_s=p.timeouts.connect_s,

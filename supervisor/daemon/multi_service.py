@@ -2,7 +2,7 @@
 
 Everything but the children is the single-model ``Daemon`` (door, signals, drain, systemd, metrics
 listener); the children are a ``ModelSet`` in its ``supervisor`` seat, and the proxy routes by the
-request's ``model`` (``proxy.model_router``). Drain on SIGTERM covers every child: readiness goes
+request's ``model`` (``proxy.models.router``). Drain on SIGTERM covers every child: readiness goes
 false, in-flight requests of every model drain, then every child is stopped.
 
 SIGHUP compares the served models by name: a model removed is drained and stopped, one added is
@@ -20,10 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proxy.app import create_app
-from proxy.llama_metrics_models import ModelsLlamaMetrics
-from proxy.model_router import ModelEntry, ModelRouter
-from proxy.readiness import UpstreamSnapshot
+from proxy.metrics.llama import ModelsLlamaMetrics
+from proxy.models.lane import ModelEntry
+from proxy.models.router import ModelRouter
 from proxy.settings import KeyEntry
+from proxy.source import UpstreamSnapshot
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
 from supervisor.child.osseam import ChildOs, Probes
@@ -78,18 +79,18 @@ class MultiDaemon(Daemon):
         self.supervisor = self.models  # type: ignore[assignment]  # the Daemon's loop runs the set
         self.observability = Observability(cfg, self.models.primary.sup)
         # llama-server's series from every model's child, each with its model label.
-        self.observability.llama = ModelsLlamaMetrics(self._snapshots, instance_label(cfg))  # type: ignore[assignment]
+        self.observability.llama = ModelsLlamaMetrics(self._snapshots, instance_label(cfg))
         # The supervisor's series of every model, each with its model label.
         supervisor_series = SupervisorCollector(self._views, clock=self.child_os.now)
         self.observability.collectors = (supervisor_series, self.observability.llama)
         self.app = create_app(
             proxy_settings(cfg, self.generated_keys),
             self.models,
+            [self._entry(h) for h in self.models.hosts.values()],
             extra_collectors=self.observability.collectors,
         )
-        self.runtime = self.app.state.runtime
-        self.router = ModelRouter(self.runtime, [self._entry(h) for h in self.models.hosts.values()])
-        self.runtime.router = self.router
+        self.runtime = self.app.state.proxy
+        self.router: ModelRouter = self.runtime.router
         self.models.usage = self._usage
         self._build_common()
 
@@ -194,7 +195,7 @@ class MultiDaemon(Daemon):
         lane = self.router.lanes.get(name)
         self.router.remove(name, restarting=restarting)
         if lane is not None:
-            await lane.runtime.drain(self.cfg.proxy.drain_timeout_s)
+            await lane.drain(self.cfg.proxy.drain_timeout_s)
         log.warning(f"SIGHUP: stopping model {name!r}: {reason}")
         await self.models.remove(name, reason)
 

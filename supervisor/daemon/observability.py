@@ -15,10 +15,10 @@ import socket
 import uvicorn
 from prometheus_client.registry import Collector
 
-from proxy.door import FrontDoor, uvicorn_config
-from proxy.llama_metrics import LlamaServerMetrics
-from proxy.metrics import ProxyMetrics
-from proxy.metrics_listener import create_metrics_app
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.metrics.listener import create_metrics_app
+from proxy.metrics.llama import ModelsLlamaMetrics
+from proxy.metrics.proxy import ProxyMetrics
 from supervisor.child.driver import ChildSupervisor
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import _Server, bind_listener
@@ -35,7 +35,7 @@ def instance_label(cfg: Config) -> str:
 class Observability:
     def __init__(self, cfg: Config, supervisor: ChildSupervisor) -> None:
         self.cfg = cfg
-        self.llama = LlamaServerMetrics(supervisor.snapshot, instance_label(cfg))
+        self.llama = ModelsLlamaMetrics.single(supervisor.snapshot, instance_label(cfg))
         supervisor_series = SupervisorCollector.single(
             supervisor, lambda: supervisor.template.alias, clock=supervisor.os.now
         )

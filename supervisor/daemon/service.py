@@ -33,7 +33,9 @@ from typing import Any
 import uvicorn
 
 from proxy.app import create_app
-from proxy.door import ForwardedFor, FrontDoor, uvicorn_config
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.middleware.forwarded import ForwardedFor
+from proxy.models.lane import ModelEntry
 from proxy.settings import KeyEntry
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
@@ -107,10 +109,15 @@ class Daemon:
         self.app = create_app(
             proxy_settings(cfg, self.generated_keys),
             self.supervisor,
+            [self._model_entry(cfg)],
             extra_collectors=self.observability.collectors,
         )
-        self.runtime: Any = self.app.state.runtime
+        self.runtime: Any = self.app.state.proxy
         self._build_common()
+
+    def _model_entry(self, cfg: Config) -> ModelEntry:
+        """The one served model, as the proxy routes to it."""
+        return ModelEntry(cfg.llama.model.alias, cfg.proxy.model_aliases, self.supervisor)
 
     def _build_common(self) -> None:
         """What every daemon has beside its children: the door, systemd, signals."""
@@ -368,6 +375,10 @@ class Daemon:
             self.supervisor.restart("SIGHUP while FAILED")
         keep_generated = not new.keys and new.proxy.anonymous_tenant is None
         self.runtime.reload(proxy_settings(new, self.generated_keys if keep_generated else ()))
+        # The model's names as they are now (the lane, its gate and its requests stay).
+        if new.llama.model.alias != old.llama.model.alias:
+            self.runtime.router.remove(old.llama.model.alias)
+        self.runtime.router.add(self._model_entry(new))
         # Only the outcome: /readyz needs no credentials, and the changes name tenants and keys.
         self.supervisor.last_reload = "applied"
         self.cfg = new

@@ -32,9 +32,9 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.model_router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings, TenantSettings
-from tests.fakes.fake_upstream import StaticSource, snapshot_for
+from tests.fakes.fake_upstream import StaticSource, one_model, snapshot_for
 from tests.helpers.system import require_tool
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 from tests.integration.test_multi_model_e2e import child_pid, two_models
@@ -427,10 +427,7 @@ def proxy_in_thread(
 ) -> Iterator[str]:
     """The proxy app on a real port in a thread of its own (the browser test itself is synchronous);
     with ``models``, a several-model proxy routing to them, as the daemon sets it up."""
-    app = create_app(settings, source)
-    if models:
-        runtime = app.state.runtime
-        runtime.router = ModelRouter(runtime, models)
+    app = create_app(settings, source, models or one_model(source))
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="proxy", daemon=True)

@@ -42,11 +42,11 @@ def test_wheel_contains_every_static_file(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     (wheel,) = out.glob("llamagate-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    static = sorted(p.name for p in (REPO / "proxy" / "static").iterdir() if p.is_file())
+    static = sorted(p.name for p in (REPO / "proxy" / "routes" / "static").iterdir() if p.is_file())
     assert {"index.html", "app.js", "style.css"} <= set(static)
-    missing = [n for n in static if f"proxy/static/{n}" not in names]
+    missing = [n for n in static if f"proxy/routes/static/{n}" not in names]
     assert missing == [], f"not in the wheel: {missing}"
-    assert "proxy/ui.py" in names
+    assert "proxy/routes/ui.py" in names
     # Every module of every subpackage (supervisor/ is folders by role): a folder setuptools did not find
     # would install a `llamagate` that fails on its first import.
     modules = sorted(
