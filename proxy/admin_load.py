@@ -34,6 +34,9 @@ class AdminLoad:
 def load_report(rt: ProxyRuntime) -> dict[str, object]:
     if rt.router is None:
         return gate_report(rt)
+    if len(rt.router.lanes) == 1:  # one model: its gate is the door's, with the limits
+        ((name, lane),) = rt.router.lanes.items()
+        return {**gate_report(lane.runtime), "models": {name: gate_report(lane.runtime)}}
     runtimes = {name: lane.runtime for name, lane in rt.router.lanes.items()}
     models = {name: gate_report(lane_rt) for name, lane_rt in runtimes.items()}  # sizes each gate first
     gates = [lane_rt.admission for lane_rt in runtimes.values()]

@@ -32,6 +32,8 @@ from proxy.settings import ProxySettings, TenantSettings
 
 # Retry-After while a model restarts on SIGHUP: the old child drains and stops, then the new one loads.
 RESTART_RETRY_S = 5.0
+# Of a model's status fields, those /readyz shows under its name.
+_MODEL_INFO = ("restarts", "last_failure", "uptime_s", "last_reload", "recovery")
 
 
 @runtime_checkable
@@ -112,6 +114,8 @@ class ModelRouter:
         """The lane a request's ``model`` names (its name or an alias); 404 listing what is served.
         ``tenant`` None (an admin-only key's tenant may be unconfigured): no ``models`` limit."""
         served = ", ".join(f"'{n}'" for n in self.lanes)
+        if model is None and len(self.lanes) == 1:
+            model = next(iter(self.lanes))  # one model served: a request need not name it
         if model is None:
             raise BadRequest(f"'model' is required: this server serves {served}")
         lane = None
@@ -167,7 +171,7 @@ class ModelRouter:
                 "ctx_per_slot": snap.ctx_per_slot,
                 "in_flight": lane.runtime.in_flight,
                 "queued": lane.runtime.queued,
-                **{k: v for k, v in snap.info.items() if k in ("restarts", "last_failure", "uptime_s")},
+                **{k: v for k, v in snap.info.items() if k in _MODEL_INFO},
             }
         return out
 
