@@ -223,7 +223,7 @@ class ModelSet:
         self._draining = False
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._aggregate = State.STARTING
+        self._aggregate = State.STOPPED  # nothing started yet: systemd then hears STARTING first
 
     # --- membership ----------------------------------------------------------------------------------
     def add(self, host: ModelHost) -> None:
