@@ -26,6 +26,8 @@ from proxy.settings import TenantSettings
 
 # Retry-After while a model restarts on SIGHUP: the old child drains and stops, then the new one loads.
 RESTART_RETRY_S = 5.0
+# Of a model's status fields, those /readyz shows under its name.
+_MODEL_INFO = ("restarts", "last_failure", "uptime_s", "last_reload", "recovery")
 
 
 class ModelRouter:
@@ -136,7 +138,7 @@ class ModelRouter:
                 "ctx_per_slot": snap.ctx_per_slot,
                 "in_flight": lane.admission.in_flight,
                 "queued": lane.admission.queued,
-                **{k: v for k, v in snap.info.items() if k in ("restarts", "last_failure", "uptime_s")},
+                **{k: v for k, v in snap.info.items() if k in _MODEL_INFO},
             }
         return out
 

@@ -221,6 +221,12 @@ class ChildSupervisor:
             "child_pid": self.child_pid,
             "child_port": self._child.port if self.child_pid is not None and self._child else None,
             "last_reload": self.last_reload,
+            "supervision": {
+                "health_interval_s": self.health_interval_s,
+                "health_timeout_s": self.health_timeout_s,
+                "max_restarts": m.policy.max_restarts,
+                "restart_window_s": m.policy.restart_window_s,
+            },
             **({"recovery": RECOVERY} if m.state is State.FAILED else {}),
         }
 
@@ -277,6 +283,20 @@ class ChildSupervisor:
         """Stop the child (SIGTERM, grace, SIGKILL) and return once it is reaped and ``run`` ended."""
         self.post(Stop(reason))
         await self._done.wait()
+
+    def govern(self, policy: Policy, health_interval_s: float, health_timeout_s: float) -> None:
+        """New ``supervision:`` settings (SIGHUP): the machine decides by ``policy`` from its next step,
+        and the liveness probe runs at the new interval from now (not after the old one's wait)."""
+        self.machine.policy = policy
+        self.machine.window.window_s = policy.restart_window_s
+        self.machine.window.max_restarts = policy.max_restarts
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        child = self._child
+        liveness = child.tasks.get("liveness") if child is not None else None
+        if child is not None and liveness is not None and not liveness.done():
+            liveness.cancel()
+            self._start_task(child, "liveness", self._liveness(child))
 
     def restart(self, reason: str, template: LaunchSpec | None = None) -> None:
         """Restart the child now, e.g. because a llama setting changed (SIGHUP)."""

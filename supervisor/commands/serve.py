@@ -10,20 +10,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from proxy.auth import new_key
 from proxy.settings import KeyEntry
 from supervisor import logs
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
-from supervisor.config.models import is_multi
+from supervisor.config.models import served_models
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import bind_listener
-from supervisor.daemon.prepare import prepare
+from supervisor.daemon.prepare import default_threads
+from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
 from supervisor.daemon.service import Daemon
 from supervisor.progress import ConsoleProgress
 
@@ -73,7 +72,7 @@ def generate_key(cfg: Config) -> tuple[str, KeyEntry] | None:
 
 def _banner(cfg: Config, key: str) -> str:
     base = f"http://{cfg.proxy.host}:{cfg.proxy.port}"
-    alias = cfg.models[0].name if cfg.models else cfg.llama.model.alias
+    alias = served_models(cfg)[0].name
     return f"""\
 llamagate: no API key in the configuration; this one is valid until the daemon stops (shown once):
 
@@ -108,37 +107,23 @@ def _serve(args: argparse.Namespace) -> int:
     _apply_logging(args, cfg)
     sock = bind_listener(cfg.proxy.host, cfg.proxy.port)
     try:
-        if is_multi(cfg):
-            return _serve_models(cfg, path, sock)
-        prepared = prepare(cfg, progress=ConsoleProgress())
-        for line in prepared.budget.lines():
-            log.info(f"memory budget: {line.strip()}")
+        # Every model verified and budgeted, alone and together (one model: a set of one), then one daemon.
+        models = prepare_models(cfg, progress=ConsoleProgress())
+        for model in models:
+            for line in model.prepared.budget.lines():
+                log.info(f"memory budget: {model.served.name}: {line.strip()}")
+        for line in joint_budget_lines(models):
+            log.info(f"memory budget: {line}")
+        crowded = thread_warning(models, default_threads())
+        if crowded is not None:
+            log.warning(crowded)
         generated = generate_key(cfg)
         if generated is not None:
             # stdout, once, never a log line: logs are kept and shipped; this key must not be.
             sys.stdout.write(_banner(cfg, generated[0]))
             sys.stdout.flush()
-        daemon = Daemon(cfg, prepared, config_path=path, generated_keys=[generated[1]] if generated else [])
-        return asyncio.run(daemon.run(sock))
+        daemon = Daemon(cfg, models, config_path=path, generated_keys=[generated[1]] if generated else [])
+        exit_code: int = asyncio.run(daemon.run(sock))
+        return exit_code
     finally:
         sock.close()
-
-
-def _serve_models(cfg: Config, path: Path | None, sock: socket.socket) -> int:
-    """A ``models:`` config: every model verified and budgeted, alone and together, then one daemon."""
-    from supervisor.daemon.multi_service import MultiDaemon
-    from supervisor.daemon.prepare import default_threads
-    from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
-
-    models = prepare_models(cfg, progress=ConsoleProgress())
-    for line in joint_budget_lines(models):
-        log.info(f"memory budget: {line}")
-    crowded = thread_warning(models, default_threads())
-    if crowded is not None:
-        log.warning(crowded)
-    generated = generate_key(cfg)
-    if generated is not None:
-        sys.stdout.write(_banner(cfg, generated[0]))
-        sys.stdout.flush()
-    daemon = MultiDaemon(cfg, models, config_path=path, generated_keys=[generated[1]] if generated else [])
-    return asyncio.run(daemon.run(sock))

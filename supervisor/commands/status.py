@@ -119,22 +119,15 @@ def _status(args: argparse.Namespace) -> int:
         + (f" ({ready_body['reason']})" if ready_body.get("reason") else "")
     )
     b = ready_body
-    models = b.get("models")
-    models = models if isinstance(models, dict) else {}
-    several = len(models) > 1  # one model's daemon: its lines as they always were
-    if not several:
-        print(f"  model        {b.get('model')}  {b.get('slots')} slots x {b.get('ctx_per_slot')} tokens")
-        print(f"  uptime       {_fmt_duration(ready_body.get('uptime_s'))}")
-    # Several models: restarts and last failure are every model's (each one's own on its line below).
-    print(f"  restarts     {ready_body.get('restarts', '-')}" + (" (all models)" if several else ""))
-    print(f"  last failure {ready_body.get('last_failure') or '-'}")
+    # The top level speaks for every model at once (restarts summed); each model's own on its line.
+    print(f"  restarts     {b.get('restarts', '-')} (all models)")
+    print(f"  last failure {b.get('last_failure') or '-'}")
     if b.get("last_reload"):
         print(f"  last reload  {b['last_reload']}")
     if b.get("recovery"):
         print(f"  recovery     {b['recovery']}")
-    print(f"  in flight    {ready_body.get('in_flight', '-')}, queued {ready_body.get('queued', '-')}")
-    if several:
-        _print_models(models)
+    print(f"  in flight    {b.get('in_flight', '-')}, queued {b.get('queued', '-')}")
+    _print_models(b.get("models") or {}, b.get("last_reload"))
     if identity_error:
         print(f"  identity     not available: {identity_error}")
     elif isinstance(identity, dict):
@@ -142,8 +135,8 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if ready else 1
 
 
-def _print_models(models: dict[str, Any]) -> None:
-    """Several models (``models:``): one line each, from /readyz (no key needed)."""
+def _print_models(models: dict[str, Any], last_reload: object) -> None:
+    """One line per served model, from /readyz (no key needed)."""
     print("  models")
     for name, m in models.items():
         line = (
@@ -153,6 +146,8 @@ def _print_models(models: dict[str, Any]) -> None:
         )
         if m.get("last_failure"):
             line += f", last failure {m['last_failure']}"
+        if m.get("last_reload") not in (None, last_reload):  # its own outcome, when not the daemon's
+            line += f", last reload {m['last_reload']}"
         print(line)
 
 
@@ -164,14 +159,10 @@ def _print_identity(identity: dict[str, Any]) -> None:
     print(f"  binary       {binary.get('path')} sha256 {binary.get('sha256')}")
     if build.get("cmake_args"):
         print(f"  cmake        {' '.join(build['cmake_args'])}")
-    models = identity.get("models")
-    if isinstance(models, dict):  # several models: each one's file and settings
-        for name, record in models.items():
-            if isinstance(record, dict):
-                print(f"  model {name}")
-                _print_model(record, indent="    ")
-    else:
-        _print_model(identity)
+    for name, record in (identity.get("models") or {}).items():  # each served model's file and settings
+        if isinstance(record, dict):
+            print(f"  model {name}")
+            _print_model(record, indent="    ")
     mem = host.get("memory_total_bytes")
     mem_s = f"{mem / 2**30:.1f} GiB" if isinstance(mem, int) else "-"
     print(
@@ -180,7 +171,7 @@ def _print_identity(identity: dict[str, Any]) -> None:
     )
 
 
-def _print_model(identity: dict[str, Any], indent: str = "  ") -> None:
+def _print_model(identity: dict[str, Any], indent: str) -> None:
     model = identity.get("model") or {}
     serving = identity.get("serving") or {}
     print(

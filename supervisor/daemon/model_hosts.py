@@ -1,9 +1,9 @@
-"""Several models, one supervised child each: ``ModelHost`` is one model (its ``ChildSupervisor``,
-started at once or on demand), ``ModelSet`` is all of them, owned by the daemon.
+"""The served models, one supervised child each: ``ModelHost`` is one model (its ``ChildSupervisor``,
+started at once or on demand), ``ModelSet`` is all of them (one or several), owned by the daemon.
 
-Each child keeps everything the single-model daemon gives its one child (state machine, port,
-per-boot secret, readiness gate, liveness, backoff, FAILED); the hosts share nothing but the memory
-budget, so one child crashing, hanging or being restarted never touches another's requests.
+Each child has its own state machine, port, per-boot secret, readiness gate, liveness, backoff and
+FAILED; the hosts share nothing but the memory budget, so one child crashing, hanging or being
+restarted never touches another's requests.
 
 ``on_demand`` models: the first request that finds one unloaded asks ``ModelSet.load`` (one lock:
 concurrent requests for the same cold model share one load, and loads never race for memory), then
@@ -54,7 +54,7 @@ class ModelHost:
     ) -> None:
         self.served = model.served
         self.prepared = model.prepared
-        self._factory = factory
+        self.factory = factory
         self._loader = loader
         self.sup = factory(self.name, self.prepared)
         self.task: asyncio.Task[None] | None = None
@@ -86,7 +86,7 @@ class ModelHost:
         if self.task is not None:
             # A stopped machine stays stopped: a new load gets a fresh supervisor (state, backoff).
             observers, hooks = self.sup.observers, self.sup.tick_hooks
-            self.sup = self._factory(self.name, self.prepared)
+            self.sup = self.factory(self.name, self.prepared)
             self.sup.observers.extend(observers)
             self.sup.tick_hooks.extend(hooks)
         self.loads += 1
@@ -103,6 +103,27 @@ class ModelHost:
             await self.task
         self.unloaded_reason = f"unloaded: {reason}"
         self.unloading = False
+
+    def settle(self, model: PreparedModel) -> None:
+        """``model``'s entry and settings are the ones served now (a SIGHUP applied them)."""
+        self.served, self.prepared = model.served, model.prepared
+
+    def adopt(
+        self, sup: ChildSupervisor, task: asyncio.Task[None], model: PreparedModel
+    ) -> tuple[ChildSupervisor, asyncio.Task[None] | None]:
+        """Serve from ``sup`` (running in ``task``, its child READY on ``model``'s settings) instead of the
+        current supervisor, which is returned to be stopped. The observers move: the old one's stop is
+        no news to the set or systemd, and they hear where the new one is."""
+        old, old_task = self.sup, self.task
+        sup.observers.extend(old.observers)
+        sup.tick_hooks.extend(old.tick_hooks)
+        old.observers.clear()
+        old.tick_hooks.clear()
+        self.sup, self.task = sup, task
+        self.settle(model)
+        for observer in list(sup.observers):
+            observer(old.state, sup.state, "new llama settings")
+        return old, old_task
 
     # --- UpstreamSource ------------------------------------------------------------------------------
     def snapshot(self) -> UpstreamSnapshot:
@@ -187,8 +208,10 @@ def _mib(n: int) -> str:
 
 
 class ModelSet:
-    """Every model's host; the daemon's ``supervisor`` (run, stop, draining) and the proxy's main
-    source (aggregate readiness; the first ``always`` model answers the admin passthrough routes)."""
+    """Every served model's host, owned by the daemon: runs them (and the on_demand loads and idle
+    unloads), tells ``observers`` (systemd, exit_on_failed) the state of the ``always`` models together,
+    and is the door's source. The door's top level speaks as the default model (the first ``always``
+    one), whose fields it carries, and names any other model it mentions."""
 
     def __init__(self, usable_bytes: int) -> None:
         self.hosts: dict[str, ModelHost] = {}
@@ -200,7 +223,7 @@ class ModelSet:
         self._draining = False
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._aggregate = State.STARTING
+        self._aggregate = State.STOPPED  # nothing started yet: systemd then hears STARTING first
 
     # --- membership ----------------------------------------------------------------------------------
     def add(self, host: ModelHost) -> None:
@@ -223,10 +246,6 @@ class ModelSet:
         self._draining = value
         for host in self.hosts.values():
             host.sup.draining = value
-
-    @property
-    def served_identity(self) -> Mapping[str, object]:
-        return {"models": ",".join(f"{n}({h.served.residency})" for n, h in self.hosts.items())}
 
     def child_rss_bytes(self) -> int:
         return sum(h.sup.child_rss_bytes() or 0 for h in self.hosts.values() if h.running)
@@ -338,12 +357,16 @@ class ModelSet:
     def not_ready(self) -> list[ModelHost]:
         return [h for h in self.hosts.values() if not h.served.on_demand and not h.snapshot().ready]
 
+    def named(self, name: str, text: str, form: str = "model '{}': ") -> str:
+        """``text`` as the top level says it: the default model's as it is, another model's by name."""
+        return text if self.hosts and name == self.primary.name else form.format(name) + text
+
     def _totals(self) -> dict[str, object]:
         """What the top level of /readyz and /admin/identity says of every model at once: restarts
-        summed, each model's last failure by name (None when no model has failed)."""
+        summed, each model's last failure (None when no model has failed)."""
         failures = [
-            f"{name}: {h.sup.machine.last_failure}"
-            for name, h in self.hosts.items()
+            self.named(h.name, h.sup.machine.last_failure, "{}: ")
+            for h in self.hosts.values()
             if h.sup.machine.last_failure
         ]
         return {
@@ -353,6 +376,10 @@ class ModelSet:
         }
 
     def snapshot(self) -> UpstreamSnapshot:
+        if not self.hosts:  # a SIGHUP that replaces every model, between the old ones and the new
+            return UpstreamSnapshot(
+                "STOPPED", False, "no model is served yet: reloading", None, None, "", 0, 0, 0, 5.0
+            )
         snap = self.primary.snapshot()
         snap = replace(snap, info={**snap.info, **self._totals()})
         waiting = self.not_ready()
@@ -360,25 +387,30 @@ class ModelSet:
             return replace(snap, ready=False, reason="draining: the daemon is stopping")
         if not waiting:
             return replace(snap, ready=True, state="READY", reason=None, retry_after_s=0.0)
+        if waiting == [self.primary]:
+            return replace(snap, ready=False)  # the default model's own state and reason
         first = waiting[0].snapshot()
         names = ", ".join(f"'{h.name}'" for h in waiting)
         why = f"not ready: {names} ({first.state}{': ' + first.reason if first.reason else ''})"
         return replace(snap, ready=False, state=first.state, reason=why, retry_after_s=first.retry_after_s)
 
     def identity(self) -> Mapping[str, object]:
-        """The first ``always`` model's identity (the default of the passthrough routes) with the
-        daemon's ``status`` (every model at once) and each model's own record under ``models``."""
+        """The default model's identity and status (as one model's daemon shows them), with what the
+        daemon's ``status`` says of every model at once, and each model's own record under ``models``."""
         snap = self.snapshot()
+        default = self.primary.identity() if self.hosts else {}
+        own = default.get("status")
         status = {
+            **(own if isinstance(own, Mapping) else {}),
             "state": snap.state,
             "ready": snap.ready,
             "reason": snap.reason,
             "not_ready": [h.name for h in self.not_ready()],
-            "default_model": self.primary.name,
+            "default_model": self.primary.name if self.hosts else None,
             **self._totals(),
         }
         return {
-            **self.primary.identity(),
+            **default,
             "status": status,
             "models": {n: h.identity() for n, h in self.hosts.items()},
         }

@@ -1,8 +1,9 @@
 """The daemon's metrics parts in one place: the collectors added to the proxy's registry (the
 supervisor's series and llama-server's relabeled ones) and the optional loopback ``/metrics`` listener.
 
-The daemon creates one ``Observability`` beside the driver, passes ``collectors`` to ``create_app``,
-awaits ``start`` before serving and ``aclose`` when stopping.
+The daemon creates one ``Observability`` beside its served models (one or several: every series carries
+the model's name), passes ``collectors`` to the proxy's app, awaits ``start`` before serving and
+``aclose`` when stopping.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 
 import uvicorn
 from prometheus_client.registry import Collector
 
 from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.metrics.listener import create_metrics_app
-from proxy.metrics.llama import ModelsLlamaMetrics
+from proxy.metrics.llama import ModelsLlamaMetrics, Snapshots
 from proxy.metrics.proxy import ProxyMetrics
-from supervisor.child.driver import ChildSupervisor
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import _Server, bind_listener
-from supervisor.daemon.metrics_collector import SupervisorCollector
+from supervisor.daemon.metrics_collector import SupervisorCollector, Views
 
 log = logging.getLogger("llamagate.daemon")
 
@@ -33,13 +34,14 @@ def instance_label(cfg: Config) -> str:
 
 
 class Observability:
-    def __init__(self, cfg: Config, supervisor: ChildSupervisor) -> None:
+    def __init__(self, cfg: Config, views: Views, snapshots: Snapshots, clock: Callable[[], float]) -> None:
+        """``views``, ``snapshots``: every served model by name, read at each scrape (models come and go
+        on SIGHUP, and a model gets a new driver when it loads or changes settings). ``clock``: the
+        drivers' clock."""
         self.cfg = cfg
-        self.llama = ModelsLlamaMetrics.single(supervisor.snapshot, instance_label(cfg))
-        supervisor_series = SupervisorCollector.single(
-            supervisor, lambda: supervisor.template.alias, clock=supervisor.os.now
-        )
-        self.collectors: tuple[Collector, ...] = (supervisor_series, self.llama)
+        # llama-server's series from every model's child, each with its model label.
+        self.llama = ModelsLlamaMetrics(snapshots, instance_label(cfg))
+        self.collectors: tuple[Collector, ...] = (SupervisorCollector(views, clock=clock), self.llama)
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -87,6 +87,8 @@ def prepare_models(
         try:
             prepared = prepare(served.cfg, progress=progress, cache=cache, fetch=fetch)
         except Misconfigured as exc:
+            if not cfg.models:
+                raise  # the llama: section is where the operator wrote it: its path names the field
             raise Misconfigured(f"model {served.name!r}: {as_model_path(str(exc), i)}") from None
         out.append(PreparedModel(served, prepared))
     models = tuple(out)

@@ -1,19 +1,26 @@
-"""The daemon: one asyncio loop runs the child's supervisor and the proxy (``uvicorn.Server``) together.
+"""The daemon: one asyncio loop runs the served models' supervisors and the proxy (``uvicorn.Server``).
+
+One daemon for one model or several: it owns a ``ModelSet`` of ``ModelHost``s (a ``llama:``-only config
+is a set of one) and the proxy routes every request to its model's lane (``wiring``).
 
 Signals are ours, not uvicorn's: its handlers are disabled and ``loop.add_signal_handler`` only
 enqueues the signal number; one task dispatches them (SIGTERM/SIGINT: stop, SIGHUP: reload). A reload
-runs in a task of its own, never builds or downloads, and is cancelled (not applied) by a stop: a stop
-never waits behind a reload, and a reload applies whole or not at all.
+runs in a task of its own, never builds or downloads, and is cancelled by a stop: a stop never waits
+behind a reload.
 
-New llama settings must earn their place: the binary first parses the new command line while the
-working child still serves (``preflight``), then a child on them must pass the readiness gate; if it
-fails before that, the driver rolls back to the last settings that passed it, and the rest of the
-reload (tenants, keys, limits) is not applied either. Either way ``last_reload`` in status and
-/readyz says what happened (``reload rejected: ...; kept the previous settings``).
+SIGHUP is one reconcile, model by model (``reload``). Every new or changed model is verified and
+budgeted, and the binary parses its new command line while the working children serve (``preflight``);
+a refusal there applies nothing. A changed model then runs its new settings on trial (``switch``): side
+by side with the old child when memory allows both, else stop, then start; a child that fails before the
+readiness gate leaves the model on the last settings that passed it. A removed model is drained and
+stopped, an added one started. ``supervision:`` applies to every model, before any child starts on the
+new settings; a FAILED model is started again. Tenants, keys and limits apply only when every model's
+change did. ``last_reload`` in /readyz says what happened, the daemon's at the top level and each
+model's under ``models`` (``reload rejected: ...; kept the previous settings``).
 
 Stop, in order: readiness goes false at once (the snapshot says "draining", so the proxy admits no new
 work and /readyz answers 503), in-flight requests drain up to ``proxy.drain_timeout_s`` (a second
-SIGTERM/SIGINT cuts that short), then the child gets SIGTERM, the grace period, SIGKILL, is reaped
+SIGTERM/SIGINT cuts that short), then every child gets SIGTERM, the grace period, SIGKILL, is reaped
 and its port is checked closed; only then does the listener close.
 """
 
@@ -21,22 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from proxy.app import create_app
 from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.middleware.forwarded import ForwardedFor
-from proxy.models.lane import ModelEntry
 from proxy.settings import KeyEntry
+from proxy.source import UpstreamSnapshot
+from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
 from supervisor.child.machine import State
@@ -46,13 +54,19 @@ from supervisor.child.restart import Policy
 from supervisor.child.workdir import make_private_dir, sweep_stale
 from supervisor.config.diff import diff as _diff
 from supervisor.config.load import load_config
+from supervisor.config.models import ServedModel, served_models
 from supervisor.config.proxy_settings import proxy_settings
-from supervisor.config.schema import Config
+from supervisor.config.schema import Config, SupervisionConfig
 from supervisor.daemon.identity import flatten
 from supervisor.daemon.listener import _Server
+from supervisor.daemon.metrics_collector import ModelView
+from supervisor.daemon.model_hosts import ModelHost, ModelSet
 from supervisor.daemon.notify import Notifier, SystemdReporter, WatchdogFeeder
 from supervisor.daemon.observability import Observability
 from supervisor.daemon.prepare import Prepared, prepare
+from supervisor.daemon.prepare_models import PreparedModel, joint_budget_lines, joint_need, usable_bytes
+from supervisor.daemon.switch import side_by_side, stop_then_start
+from supervisor.daemon.wiring import ProxyWiring
 from supervisor.errors import ConfigError, LlamagateError
 from supervisor.launch.flags import build_argv, build_env, new_secret
 from supervisor.progress import NullProgress
@@ -63,73 +77,62 @@ log = logging.getLogger("llamagate.daemon")
 _KEPT = "kept the previous settings"
 _INVALID = "the config file does not validate (see the daemon's log)"
 _NOT_VERIFIED = "the new llama settings did not verify or fit (see the daemon's log)"
+_NO_ROOM = "the new set of models does not fit in memory (see the daemon's log)"
 
 
 class Daemon:
     def __init__(
         self,
         cfg: Config,
-        prepared: Prepared,
+        models: Sequence[PreparedModel],
         *,
         config_path: Path | None,
         generated_keys: Sequence[KeyEntry] = (),
         child_os: ChildOs | None = None,
         probes: Probes | None = None,
     ) -> None:
+        """``models``: every model ``cfg`` serves, verified and budgeted (``prepare_models``)."""
         self.cfg = cfg
         self.config_path = config_path
         self.generated_keys = tuple(generated_keys)
+        # Every model's children start under it; a SIGHUP changes it before any new child starts.
+        self.supervision = cfg.supervision
         sweep_stale()
         self.workdir = make_private_dir()
         try:
-            self._build(cfg, prepared, child_os, probes)
+            self._build(tuple(models), child_os, probes)
         except BaseException:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
 
     def _build(
-        self, cfg: Config, prepared: Prepared, child_os: ChildOs | None, probes: Probes | None
+        self, models: tuple[PreparedModel, ...], child_os: ChildOs | None, probes: Probes | None
     ) -> None:
         from supervisor.child.spawn import RealOs
 
         self.probes = probes or HttpProbes()
-        s = cfg.supervision
-        self.supervisor = ChildSupervisor(
-            prepared.spec,
-            Policy.from_config(s),
-            os=child_os or RealOs(),
-            probes=self.probes,
-            workdir=self.workdir,
-            health_interval_s=s.health_interval_s,
-            health_timeout_s=s.health_timeout_s,
-            identity=prepared.identity,
+        self.child_os = child_os or RealOs()
+        self.models = ModelSet(usable_bytes(models))
+        for model in models:
+            self.models.add(self._host(model))
+        self.observability = Observability(self.cfg, self._views, self._snapshots, self.child_os.now)
+        self.proxy = ProxyWiring(
+            proxy_settings(self.cfg, self.generated_keys),
+            self.models,
+            self.models.hosts.values(),
+            self.observability.collectors,
         )
-        self.supervisor.budget = prepared.budget.as_dict()
-        self.observability = Observability(cfg, self.supervisor)
-        self.app = create_app(
-            proxy_settings(cfg, self.generated_keys),
-            self.supervisor,
-            [self._model_entry(cfg)],
-            extra_collectors=self.observability.collectors,
-        )
-        self.runtime: Any = self.app.state.proxy
-        self._build_common()
-
-    def _model_entry(self, cfg: Config) -> ModelEntry:
-        """The one served model, as the proxy routes to it."""
-        return ModelEntry(cfg.llama.model.alias, cfg.proxy.model_aliases, self.supervisor)
-
-    def _build_common(self) -> None:
-        """What every daemon has beside its children: the door, systemd, signals."""
-        self.door = FrontDoor(lambda: self.runtime.settings.door)
-        self.runtime.door = self.door
+        self.app = self.proxy.app
+        self.models.usage = self.proxy.usage
+        self.door = FrontDoor(self.proxy.door_settings)
+        self.proxy.set_door(self.door)
         self.notifier = Notifier.from_env()
         self.reporter = SystemdReporter(self.notifier)
-        self.supervisor.observers.append(self.reporter.on_state_change)
-        self.supervisor.observers.append(self._on_state_change)
+        self.models.observers.append(self.reporter.on_state_change)
+        self.models.observers.append(self._on_state_change)
         feeder = WatchdogFeeder.from_env(self.notifier)
         if feeder is not None:
-            self.supervisor.tick_hooks.append(lambda now: (feeder.tick(now), feeder.due_in(now))[1])
+            self.models.tick_hooks.append(lambda now: (feeder.tick(now), feeder.due_in(now))[1])
         self.exit_code = 0
         self._signals: asyncio.Queue[int] = asyncio.Queue()
         self._stop = asyncio.Event()
@@ -138,10 +141,44 @@ class Daemon:
         self._reloader: asyncio.Task[None] | None = None
         self._stop_reason = "stop requested"
 
+    # --- the served models ---------------------------------------------------------------------------
+    def _host(self, model: PreparedModel) -> ModelHost:
+        return ModelHost(model, self._supervisor_for, self.models.load)
+
+    def _supervisor_for(self, name: str, prepared: Prepared) -> ChildSupervisor:
+        s = self.supervision
+        sup = ChildSupervisor(
+            prepared.spec,
+            Policy.from_config(s),
+            os=self.child_os,
+            probes=self.probes,
+            workdir=self.workdir / name,  # each model's children their own config folder
+            health_interval_s=s.health_interval_s,
+            health_timeout_s=s.health_timeout_s,
+            identity=prepared.identity,
+            model=name,  # every log record of this child names its model
+        )
+        sup.budget = prepared.budget.as_dict()
+        return sup
+
+    def _views(self) -> dict[str, ModelView]:
+        # Read at every scrape: the set changes on SIGHUP and a host gets a new driver at each load.
+        return {
+            name: ModelView(host.sup, on_demand=host.served.on_demand, loaded=host.running)
+            for name, host in self.models.hosts.items()
+        }
+
+    def _snapshots(self) -> dict[str, Callable[[], UpstreamSnapshot]]:
+        # By name, not the host object: the name is what a model keeps across a SIGHUP.
+        return {name: functools.partial(self._snapshot_of, name) for name in self.models.hosts}
+
+    def _snapshot_of(self, name: str) -> UpstreamSnapshot:
+        return self.models.hosts[name].snapshot()
+
     # --- hooks ---------------------------------------------------------------------------------------
     def _on_state_change(self, old: State, new: State, reason: str | None) -> None:
-        if new is State.FAILED and self.cfg.supervision.exit_on_failed:
-            # With several models the reason names the model that gave up ("model 'x': gave up: ...").
+        if new is State.FAILED and self.supervision.exit_on_failed:
+            # The reason names the model that gave up ("model 'x': gave up: ...").
             log.error(
                 "llama-server FAILED and supervision.exit_on_failed is set: the daemon exits non-zero",
                 extra={"fields": {"reason": reason}},
@@ -156,14 +193,12 @@ class Daemon:
         self._stop_reason = reason
         self._stop.set()
         if self._reloader is not None:
-            self._reloader.cancel()  # a reload half done is not applied: whole or nothing
+            self._reloader.cancel()  # a stop never waits behind a reload
 
     # --- the loop ------------------------------------------------------------------------------------
     async def run(self, sock: socket.socket) -> int:
         try:
-            await self.observability.start(
-                self.runtime.metrics, FrontDoor(lambda: self.runtime.settings.door)
-            )
+            await self.observability.start(self.proxy.metrics, FrontDoor(self.proxy.door_settings))
         except BaseException:
             await self._close()
             raise
@@ -175,7 +210,7 @@ class Daemon:
         loop.set_exception_handler(self.door.exception_handler(previous_handler))
         self.door.guard(sock)
         config = uvicorn_config(
-            ForwardedFor(self.app, lambda: self.runtime.settings.door.forwarded_allow_ips),
+            ForwardedFor(self.app, lambda: self.proxy.door_settings().forwarded_allow_ips),
             self.door,
             log_config=None,
             access_log=False,  # the proxy writes its own access log, without query strings or keys
@@ -184,7 +219,7 @@ class Daemon:
         )
         server = _Server(config)
         tasks = {
-            "supervisor": asyncio.create_task(self.supervisor.run(), name="supervisor"),
+            "models": asyncio.create_task(self.models.run(), name="models"),
             "server": asyncio.create_task(server.serve(sockets=[sock]), name="proxy"),
             "signals": asyncio.create_task(self._dispatch_signals(), name="signals"),
         }
@@ -193,7 +228,7 @@ class Daemon:
             extra={
                 "fields": {
                     "listen": f"{self.cfg.proxy.host}:{self.cfg.proxy.port}",
-                    **flatten(self.supervisor.served_identity),
+                    **flatten({n: h.sup.served_identity for n, h in self.models.hosts.items()}),
                 }
             },
         )
@@ -201,11 +236,11 @@ class Daemon:
             listening = asyncio.create_task(self._announce_listening(server))
             stop = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait(
-                [stop, tasks["supervisor"], tasks["server"]], return_when=asyncio.FIRST_COMPLETED
+                [stop, tasks["models"], tasks["server"]], return_when=asyncio.FIRST_COMPLETED
             )
             for t in (stop, listening):
                 t.cancel()
-            for name in ("supervisor", "server"):
+            for name in ("models", "server"):
                 if tasks[name] in done and not self._stop.is_set():
                     exc = tasks[name].exception()
                     log.error(f"{name} ended unexpectedly: {exc!r}")
@@ -236,10 +271,10 @@ class Daemon:
     async def _shutdown(self, server: uvicorn.Server, tasks: dict[str, asyncio.Task[Any]]) -> None:
         reason = self._stop_reason
         self.reporter.on_shutdown(reason)
-        self.supervisor.draining = True
-        in_flight = self.runtime.active
+        self.models.draining = True
+        in_flight = self.proxy.active
         log.info(f"stopping ({reason}): readiness off, draining", extra={"fields": {"in_flight": in_flight}})
-        drain = asyncio.create_task(self.runtime.drain(self.cfg.proxy.drain_timeout_s))
+        drain = asyncio.create_task(self.proxy.drain(self.cfg.proxy.drain_timeout_s))
         force = asyncio.create_task(self._force.wait())
         await asyncio.wait([drain, force], return_when=asyncio.FIRST_COMPLETED)
         force.cancel()
@@ -251,13 +286,13 @@ class Daemon:
                 "drain deadline passed with requests still in flight",
                 extra={
                     "fields": {
-                        "in_flight": self.runtime.active,
+                        "in_flight": self.proxy.active,
                         "drain_timeout_s": self.cfg.proxy.drain_timeout_s,
                     }
                 },
             )
-        if not tasks["supervisor"].done():
-            await self.supervisor.stop(reason)
+        if not tasks["models"].done():
+            await self.models.stop(reason)
         server.should_exit = True
         with contextlib.suppress(Exception):
             await tasks["server"]
@@ -291,11 +326,11 @@ class Daemon:
             except LlamagateError as exc:
                 log.error(f"SIGHUP: reload failed, still serving the previous settings: {exc}")
                 # /readyz is public: the details (paths, digests) stay in the log.
-                self.supervisor.last_reload = f"reload rejected: {_NOT_VERIFIED}; {_KEPT}"
+                self._outcome(f"reload rejected: {_NOT_VERIFIED}; {_KEPT}")
             except Exception:
                 # Whatever went wrong, the next SIGHUP must still be served.
                 log.exception("SIGHUP: reload failed, still serving the previous settings")
-                self.supervisor.last_reload = f"reload failed (see the daemon's log); {_KEPT}"
+                self._outcome(f"reload failed (see the daemon's log); {_KEPT}")
 
     # --- SIGHUP --------------------------------------------------------------------------------------
     async def reload(self) -> None:
@@ -306,99 +341,193 @@ class Daemon:
             new = load_config(self.config_path)
         except ConfigError as exc:
             log.error("SIGHUP: config not reloaded:\n" + "\n".join(f"  {p}" for p in exc.problems))
-            self.supervisor.last_reload = f"reload rejected: {_INVALID}; {_KEPT}"
+            self._outcome(f"reload rejected: {_INVALID}; {_KEPT}")
             return
-        old = self.cfg
-        prepared = None
-        if new.llama != old.llama:
-            # Verify and budget first: a reload that cannot be applied whole is not applied at all.
-            # The running child's memory is in use now but is freed before the new one starts.
-            rss = self.supervisor.child_rss_bytes() or 0
-            prepared = await asyncio.to_thread(
-                prepare, new, progress=NullProgress(), extra_available=rss, fetch=False
+        old, new = self.cfg, _keep_fixed(self.cfg, new)
+        hosts = self.models.hosts
+        wanted = {m.name: m for m in served_models(new)}
+        removed = [n for n in hosts if n not in wanted]
+        added = [n for n in wanted if n not in hosts]
+        changed = [n for n in wanted if n in hosts and hosts[n].served.cfg.llama != wanted[n].cfg.llama]
+        # Verified, budgeted and parsed by the binary first, while the working children serve: a refusal
+        # here applies nothing.
+        fresh = await self._verify(wanted, [*changed, *added])
+        if fresh is None:
+            return
+        after = tuple(fresh.get(n) or PreparedModel(m, hosts[n].prepared) for n, m in wanted.items())
+        if fresh and joint_need(after) > usable_bytes(after):
+            log.error(
+                "SIGHUP: the models do not fit in memory together:\n  "
+                + "\n  ".join(joint_budget_lines(after))
             )
-            # Then let the binary parse the new command line, while the working child still serves.
-            refused = await refused_arguments(
-                self.supervisor.os,
-                build_argv(prepared.spec),
-                build_env(new_secret(), self.workdir),
-                self.workdir,
-            )
+            self._reject(_NO_ROOM)
+            return
+        for name, model in fresh.items():
+            refused = await self._dry_parse(name, model.prepared)
             if refused is not None:
-                self._reject(f"llama-server refused its arguments: {refused}")
+                why = f"llama-server refused its arguments: {refused}"
+                self._reject(self.models.named(name, why), {name: why})
                 return
-        fixed = []
-        if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
-            new.proxy.host,
-            new.proxy.port,
-            new.proxy.metrics_listener,
-        ):
-            fixed.append("proxy.host/port/metrics_listener")
-        if (old.logging.format, old.logging.level) != (new.logging.format, new.logging.level):
-            fixed.append("logging.format/level")
-        if fixed:
-            log.warning(
-                f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones"
-            )
-            new = replace(
-                new,
-                proxy=replace(
-                    new.proxy,
-                    host=old.proxy.host,
-                    port=old.proxy.port,
-                    metrics_listener=old.proxy.metrics_listener,
-                ),
-                logging=replace(new.logging, format=old.logging.format, level=old.logging.level),
-            )
-        changes = _diff(old, new)
         if new.supervision != old.supervision:
-            self._apply_supervision(new)  # before the new child starts: its load runs under them
-        if prepared is not None:
-            llama_changes = "; ".join(_diff(old.llama, new.llama, "llama."))
-            log.warning(f"SIGHUP: llama settings changed, restarting llama-server: {llama_changes}")
-            # The rest of the reload waits for the new child: applied with it, or not at all.
-            rejected = await self.supervisor.try_settings(
-                prepared.spec,
-                prepared.identity,
-                prepared.budget.as_dict(),
-                f"llama settings changed: {llama_changes}",
-            )
-            if rejected is not None:
-                if new.supervision != old.supervision:
-                    self._apply_supervision(old)
-                self._reject(rejected)
-                return
-        elif self.supervisor.state is State.FAILED:
-            # An operator's SIGHUP is the documented way out of FAILED, also when the cause was
-            # outside the config (memory, a file since restored): try again on the same settings.
-            log.warning("SIGHUP while FAILED: starting llama-server again")
-            self.supervisor.restart("SIGHUP while FAILED")
+            self._apply_supervision(new.supervision)  # before any child starts: its load runs under it
+        for name in removed:
+            await self._retire(name, "removed from the config")
+        rejected: dict[str, str] = {}
+        for name in changed:
+            failed = await self._switch(hosts[name], fresh[name], after, new.proxy.drain_timeout_s)
+            if failed is not None:
+                rejected[name] = failed
+        for name in added:
+            self.models.add(self._host(fresh[name]))
+            self._route(hosts[name])
+        for name, host in hosts.items():
+            if name not in changed and host.running and host.sup.state is State.FAILED:
+                # An operator's SIGHUP is the documented way out of FAILED, also when the cause was
+                # outside the config (memory, a file since restored): try again on the same settings.
+                log.warning(f"SIGHUP: model {name!r} is FAILED: starting llama-server again")
+                host.sup.restart("SIGHUP while FAILED")
+        if rejected:
+            # The rest of the reload applies only with the settings every model actually serves.
+            if new.supervision != old.supervision:
+                self._apply_supervision(old.supervision)
+            self._reject("; ".join(self.models.named(n, why) for n, why in rejected.items()), rejected)
+            return
+        for name, served in wanted.items():
+            host = hosts[name]
+            if name not in changed and name not in added and _entry(host.served) != _entry(served):
+                host.settle(PreparedModel(served, host.prepared))  # new aliases or residency: same child
+                self._route(host)
         keep_generated = not new.keys and new.proxy.anonymous_tenant is None
-        self.runtime.reload(proxy_settings(new, self.generated_keys if keep_generated else ()))
-        # The model's names as they are now (the lane, its gate and its requests stay).
-        if new.llama.model.alias != old.llama.model.alias:
-            self.runtime.router.remove(old.llama.model.alias)
-        self.runtime.router.add(self._model_entry(new))
-        # Only the outcome: /readyz needs no credentials, and the changes name tenants and keys.
-        self.supervisor.last_reload = "applied"
+        self.proxy.reload(proxy_settings(new, self.generated_keys if keep_generated else ()))
+        changes = _diff(old, new)
         self.cfg = new
+        # Only the outcome: /readyz needs no credentials, and the changes name tenants and keys.
+        self._outcome("applied")
         log.info(
             "SIGHUP: configuration reloaded",
             extra={"fields": {"changes": "; ".join(changes) if changes else "none"}},
         )
 
-    def _reject(self, reason: str) -> None:
-        """Nothing of this reload is applied; say so in the log and in status and /readyz."""
+    async def _verify(
+        self, wanted: Mapping[str, ServedModel], names: Sequence[str]
+    ) -> dict[str, PreparedModel] | None:
+        """``names`` verified and budgeted (never built or downloaded); None, said so, if one fails."""
+        # Our children's memory is in use now, and is what the new set will run in.
+        ours = self.models.child_rss_bytes()
+        fresh: dict[str, PreparedModel] = {}
+        for name in names:
+            try:
+                prepared = await asyncio.to_thread(
+                    prepare, wanted[name].cfg, progress=NullProgress(), extra_available=ours, fetch=False
+                )
+            except LlamagateError as exc:
+                log.error(
+                    f"SIGHUP: reload failed, still serving the previous settings: model {name!r}: {exc}"
+                )
+                # /readyz is public: the details (paths, digests) stay in the log.
+                self._outcome(f"reload rejected: {_NOT_VERIFIED}; {_KEPT}")
+                return None
+            fresh[name] = PreparedModel(wanted[name], prepared)
+        return fresh
+
+    async def _dry_parse(self, name: str, prepared: Prepared) -> str | None:
+        folder = self.workdir / name
+        folder.mkdir(exist_ok=True)
+        argv = build_argv(prepared.spec)
+        return await refused_arguments(self.child_os, argv, build_env(new_secret(), folder), folder)
+
+    async def _switch(
+        self, host: ModelHost, model: PreparedModel, after: tuple[PreparedModel, ...], drain_timeout_s: float
+    ) -> str | None:
+        """One model's new llama settings: side by side when it has a READY child and memory holds both
+        children at once, else stop, then start. None once they serve; else why not (the model keeps
+        the last settings that passed the gate)."""
+        name = host.name
+        changes = "; ".join(_diff(host.served.cfg.llama, model.served.cfg.llama, "llama."))
+        log.warning(f"SIGHUP: model {name!r}: llama settings changed, restarting llama-server: {changes}")
+        rerouted = _entry(host.served) != _entry(model.served)
+        need, usable = joint_need(after) + host.required_bytes, usable_bytes(after)
+        if not host.running or host.unloading:
+            how = "not loaded: its next load starts on the new settings"
+        elif host.sup.state is not State.READY:
+            how = f"stop, then start: its child is {host.sup.state.value}, there is nothing to keep serving"
+        elif need > usable:
+            how = (
+                f"stop, then start: both children at once would need {need / MIB:,.0f} MiB,"
+                f" {usable / MIB:,.0f} MiB usable"
+            )
+        else:
+            log.info(
+                f"SIGHUP: model {name!r}: side by side: the old child serves until the new one passes the"
+                " readiness gate"
+            )
+            rejected = await side_by_side(host, model, lambda: self.proxy.drain_lane(name, drain_timeout_s))
+            how = None
+        if how is not None:
+            log.warning(f"SIGHUP: model {name!r}: {how}")
+            rejected = await stop_then_start(host, model, f"llama settings changed: {changes}")
+        if rejected is None and rerouted:
+            self._route(host)
+        return rejected
+
+    def _route(self, host: ModelHost) -> None:
+        """The model's entry as the proxy routes it (added, or new aliases or residency); started now
+        if it is an ``always`` model (a no-op when it runs)."""
+        self.proxy.serve(host)
+        if not host.served.on_demand:
+            host.start()
+
+    async def _retire(self, name: str, reason: str) -> None:
+        """No new request reaches the model, those in flight finish (up to the drain timeout), then its
+        child is stopped."""
+        await self.proxy.retire(name, self.cfg.proxy.drain_timeout_s)
+        log.warning(f"SIGHUP: stopping model {name!r}: {reason}")
+        await self.models.remove(name, reason)
+
+    def _apply_supervision(self, s: SupervisionConfig) -> None:
+        """Every model's supervisor decides and probes by ``s`` from now on, and new ones start on it."""
+        self.supervision = s
+        for host in self.models.hosts.values():
+            host.sup.govern(Policy.from_config(s), s.health_interval_s, s.health_timeout_s)
+
+    def _outcome(self, text: str, per_model: Mapping[str, str] | None = None) -> None:
+        """The reload's outcome in status and /readyz: the daemon's, and each model's (its own, if given)."""
+        self.models.last_reload = text
+        for name, host in self.models.hosts.items():
+            host.sup.last_reload = (per_model or {}).get(name, text)
+
+    def _reject(self, reason: str, per_model: Mapping[str, str] | None = None) -> None:
+        """Nothing more of this reload is applied; say so in the log and in status and /readyz."""
         message = f"reload rejected: {reason}; {_KEPT}"
-        self.supervisor.last_reload = message
+        self._outcome(
+            message, {n: f"reload rejected: {why}; {_KEPT}" for n, why in (per_model or {}).items()}
+        )
         log.error(f"SIGHUP: {message}")
 
-    def _apply_supervision(self, new: Config) -> None:
-        s = new.supervision
-        policy = Policy.from_config(s)
-        machine = self.supervisor.machine
-        machine.policy = policy
-        machine.window.window_s = policy.restart_window_s
-        machine.window.max_restarts = policy.max_restarts
-        self.supervisor.health_interval_s = s.health_interval_s
-        self.supervisor.health_timeout_s = s.health_timeout_s
+
+def _entry(served: ServedModel) -> tuple[object, ...]:
+    """What the proxy and the model set know of a model beside its child's settings."""
+    return (served.aliases, served.residency, served.idle_unload_s, served.load_wait_s)
+
+
+def _keep_fixed(old: Config, new: Config) -> Config:
+    """``new`` with what a reload cannot change (the listeners, logging) as it is now, and a warning."""
+    fixed = []
+    if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
+        new.proxy.host,
+        new.proxy.port,
+        new.proxy.metrics_listener,
+    ):
+        fixed.append("proxy.host/port/metrics_listener")
+    if (old.logging.format, old.logging.level) != (new.logging.format, new.logging.level):
+        fixed.append("logging.format/level")
+    if not fixed:
+        return new
+    log.warning(f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones")
+    return replace(
+        new,
+        proxy=replace(
+            new.proxy, host=old.proxy.host, port=old.proxy.port, metrics_listener=old.proxy.metrics_listener
+        ),
+        logging=replace(new.logging, format=old.logging.format, level=old.logging.level),
+    )

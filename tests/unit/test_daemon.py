@@ -12,9 +12,11 @@ import pytest
 
 from supervisor.budget.gguf_info import ModelShape
 from supervisor.budget.plan import MIB, plan_budget
+from supervisor.config.models import served_models
 from supervisor.config.schema import Config, ListenerConfig
 from supervisor.daemon.listener import bind_listener
 from supervisor.daemon.prepare import Binary, Model, Prepared
+from supervisor.daemon.prepare_models import PreparedModel
 from supervisor.daemon.service import Daemon
 from supervisor.errors import StartupError
 from supervisor.launch.flags import LaunchSpec
@@ -44,8 +46,14 @@ def prepared() -> Prepared:
     )
 
 
+def one_model(cfg: Config, p: Prepared | None = None) -> tuple[PreparedModel, ...]:
+    """A ``llama:`` config's set of one, as ``prepare_models`` gives it (without files)."""
+    return (PreparedModel(served_models(cfg)[0], p or prepared()),)
+
+
 def make_daemon(cfg: Config | None = None) -> Daemon:
-    return Daemon(cfg or Config(), prepared(), config_path=None, child_os=FakeOs(), probes=FakeProbes())
+    cfg = cfg or Config()
+    return Daemon(cfg, one_model(cfg), config_path=None, child_os=FakeOs(), probes=FakeProbes())
 
 
 async def test_a_failing_reload_does_not_stop_signal_handling(caplog: pytest.LogCaptureFixture) -> None:
@@ -101,14 +109,14 @@ def test_the_private_folder_is_removed_when_construction_fails(
 ) -> None:
     import tempfile
 
-    import supervisor.daemon.service as daemon_mod
+    import supervisor.daemon.wiring as wiring
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(daemon_mod, "create_app", broken)
+    monkeypatch.setattr(wiring, "create_app", broken)
     with pytest.raises(RuntimeError):
         make_daemon()
     assert list(tmp_path.iterdir()) == []
@@ -136,7 +144,7 @@ async def test_sigterm_is_not_held_up_by_a_slow_reload(
     monkeypatch.setattr(daemon_mod, "prepare", slow_prepare)
     path = tmp_path / "llamagate.yaml"
     path.write_text("llama:\n  slots: 3\n")
-    d = Daemon(Config(), prepared(), config_path=path, child_os=FakeOs(), probes=FakeProbes())
+    d = Daemon(Config(), one_model(Config()), config_path=path, child_os=FakeOs(), probes=FakeProbes())
     task = asyncio.create_task(d._dispatch_signals())
     try:
         d._signals.put_nowait(signal.SIGHUP)

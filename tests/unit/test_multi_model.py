@@ -309,7 +309,7 @@ def test_a_failed_always_model_keeps_the_aggregate_failed_while_another_restarts
     s._on_change(failing, State.FAILED, "gave up")
     restarting.sup.state = State.BACKOFF
     s._on_change(restarting, State.BACKOFF, "exited")
-    assert heard == [(State.STARTING, State.READY), (State.READY, State.FAILED)]
+    assert heard == [(State.STOPPED, State.READY), (State.READY, State.FAILED)]
     restarting.sup.state = State.READY
     s._on_change(restarting, State.READY, None)
     failing.sup.state = State.READY  # e.g. after a SIGHUP restart

@@ -17,7 +17,7 @@ from supervisor.config.diff import diff
 from supervisor.config.load import parse_config
 from supervisor.daemon.service import Daemon
 from supervisor.logs import JsonFormatter, TextFormatter
-from tests.unit.test_daemon import prepared
+from tests.unit.test_daemon import one_model
 from tests.unit.test_process_driver import SPEC, FakeOs, FakeProbes, make, settle, start
 
 DIGEST_A = "sha256:" + "a" * 64
@@ -72,7 +72,7 @@ async def test_sighup_logs_the_field_by_field_diff(tmp_path: Path, caplog: pytes
     path = tmp_path / "c.yaml"
     path.write_text(BASE)
     cfg = parse_config(BASE, env={})
-    d = Daemon(cfg, prepared(), config_path=path, child_os=FakeOs(), probes=FakeProbes())
+    d = Daemon(cfg, one_model(cfg), config_path=path, child_os=FakeOs(), probes=FakeProbes())
     try:
         path.write_text(
             BASE.replace("max_queue: 1", "max_queue: 0").replace(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import supervisor.daemon.service as daemon_mod
+from supervisor.child.driver import ChildSupervisor
 from supervisor.child.machine import State
 from supervisor.child.osseam import ServedModel
 from supervisor.child.preflight import error_line, refused_arguments
@@ -21,7 +22,7 @@ from supervisor.config.schema import Config
 from supervisor.daemon.prepare import Prepared
 from supervisor.daemon.service import Daemon
 from supervisor.errors import StartupError
-from tests.unit.test_daemon import prepared
+from tests.unit.test_daemon import one_model, prepared
 from tests.unit.test_process_driver import FakeChild, FakeOs, FakeProbes
 
 USAGE = "----- common params -----\n\n-h,    --help, --usage                  print usage and exit\n"
@@ -70,10 +71,13 @@ class LoadingProbes(FakeProbes):
 
 
 def fake_prepare(cfg: Config, **kwargs: object) -> Prepared:
-    """What prepare() would give for ``cfg``, without files: the llama settings the tests change."""
+    """What prepare() would give for ``cfg``, without files: the llama settings the tests change, on a
+    host with room for one child, not two (so a change stops the old child first)."""
     p = prepared()
     spec = replace(p.spec, slots=cfg.llama.slots, extra_args=tuple(cfg.llama.extra_args))
-    return replace(p, spec=spec, identity={"model": {"alias": "gemma-3-270m"}, "slots": cfg.llama.slots})
+    budget = replace(p.budget, available_bytes=p.budget.required_bytes * 3 // 2, headroom_bytes=0)
+    identity = {"model": {"alias": "gemma-3-270m"}, "slots": cfg.llama.slots}
+    return replace(p, spec=spec, budget=budget, identity=identity)
 
 
 async def until(pred: Callable[[], bool], what: str) -> None:
@@ -90,17 +94,21 @@ class Harness:
         self.write("")
         self.probes = LoadingProbes()
         self.os = LlamaOs(self.probes)
-        self.daemon = Daemon(
-            load_config(self.path), prepared(), config_path=self.path, child_os=self.os, probes=self.probes
-        )
-        self.sup = self.daemon.supervisor
+        cfg = load_config(self.path)
+        self.daemon = Daemon(cfg, one_model(cfg), config_path=self.path, child_os=self.os, probes=self.probes)
+
+    @property
+    def sup(self) -> ChildSupervisor:
+        """The one model's supervisor now."""
+        (host,) = self.daemon.models.hosts.values()
+        return host.sup
 
     def write(self, llama: str, tenants: str = "") -> None:
         text = (f"llama:\n{llama}" if llama else "") + (f"tenants:\n{tenants}" if tenants else "")
         self.path.write_text(text)
 
     def max_queue(self) -> int:
-        return self.daemon.runtime.tenant("default").max_queue  # type: ignore[no-any-return]
+        return self.daemon.proxy.runtime.tenant("default").max_queue  # type: ignore[no-any-return]
 
     def readyz_info(self) -> Mapping[str, Any]:
         return self.sup.snapshot().info
@@ -109,7 +117,7 @@ class Harness:
 @pytest.fixture
 async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     harness = Harness(tmp_path, monkeypatch)
-    task = asyncio.create_task(harness.sup.run())
+    task = asyncio.create_task(harness.daemon.models.run())
     try:
         await until(lambda: harness.sup.state is State.READY, "READY")
         yield harness
