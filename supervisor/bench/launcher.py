@@ -31,9 +31,9 @@ import httpx
 import psutil
 import yaml
 
-from proxy.auth import new_key
 from supervisor.bench.client import Target
 from supervisor.child.spawn import free_port, popen_tied, stop_popen
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.config.load import parse_config
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import Prepared, prepare
@@ -196,7 +196,7 @@ def llamagate_overrides(admit: int, max_queue: int, queue_timeout_s: float) -> t
     """Config overrides for a private bench daemon: a free port, one tenant admitting ``admit`` requests
     at once (normally the slot count), and one fresh admin+inference key (returned in plaintext, stored
     only as a digest)."""
-    key, entry = new_key(BENCH_TENANT, frozenset({"inference", "admin"}))
+    key, entry = new_key_config(BENCH_TENANT, ADMIN)
     overrides: dict[str, Any] = {
         "proxy": {"host": "127.0.0.1", "port": free_port()},
         "tenants": [
@@ -207,14 +207,7 @@ def llamagate_overrides(admit: int, max_queue: int, queue_timeout_s: float) -> t
                 "queue_timeout_s": queue_timeout_s,
             }
         ],
-        "keys": [
-            {
-                "id": entry.key_id,
-                "digest": entry.digest,
-                "tenant": BENCH_TENANT,
-                "scopes": sorted(entry.scopes),
-            }
-        ],
+        "keys": [entry],
     }
     return overrides, key
 

@@ -35,12 +35,12 @@ import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.auth import new_key
 from supervisor.bench import provenance
 from supervisor.bench.client import Target
 from supervisor.bench.launcher import Launched, admin_identity, deep_merge, start_llamagate, validate
 from supervisor.bench.soak_ledger import Ending, Ledger, ResourceSample, SlotSample, evaluate, report
 from supervisor.child.spawn import free_port
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.progress import NullProgress, Progress
 
 SCHEMA = "llamagate.bench.soak/1"
@@ -92,20 +92,12 @@ def soak_config(base: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, st
     ]
     tenants.append({"name": "ops", "max_concurrency": 1, "max_queue": 0})
     keys: dict[str, str] = {}
-    admin_key, admin = new_key("ops", frozenset({"inference", "admin"}))
+    admin_key, admin = new_key_config("ops", ADMIN)
     entries = [admin]
     for name, *_ in TENANTS:
-        key, entry = new_key(name, frozenset({"inference"}))
-        keys[name] = key
+        keys[name], entry = new_key_config(name)
         entries.append(entry)
-    overrides = {
-        "proxy": {"host": "127.0.0.1", "port": free_port()},
-        "tenants": tenants,
-        "keys": [
-            {"id": e.key_id, "digest": e.digest, "tenant": e.tenant, "scopes": sorted(e.scopes)}
-            for e in entries
-        ],
-    }
+    overrides = {"proxy": {"host": "127.0.0.1", "port": free_port()}, "tenants": tenants, "keys": entries}
     return deep_merge(base, overrides), admin_key, keys
 
 

@@ -31,9 +31,9 @@ import httpx
 import pytest
 import yaml
 
-from proxy.auth import new_key
 from supervisor.artifacts.files import sha256_file
 from supervisor.child.spawn import free_port
+from supervisor.config.keys import ADMIN, new_key_config
 
 READY_TIMEOUT_S = 180.0  # a cold page cache and a busy 2-core machine make the first load slow
 
@@ -190,14 +190,6 @@ class DaemonFactory:
         self.daemons: list[Daemon] = []
 
     def base_config(self, port: int, admin: Any, inference: Any, binary: Path) -> dict[str, Any]:
-        def key(entry: Any) -> dict[str, Any]:
-            return {
-                "id": entry.key_id,
-                "digest": entry.digest,
-                "tenant": entry.tenant,
-                "scopes": sorted(entry.scopes),
-            }
-
         return {
             "proxy": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 10},
             "llama": {
@@ -209,7 +201,7 @@ class DaemonFactory:
             },
             "supervision": {"stop_grace_s": 5, "memory_headroom_mib": 256, "backoff_initial_s": 0.5},
             "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 8}],
-            "keys": [key(admin), key(inference)],
+            "keys": [admin, inference],
             "logging": {"format": "json", "level": "DEBUG"},
         }
 
@@ -226,8 +218,8 @@ class DaemonFactory:
         folder = self.folder / f"daemon{n}"
         folder.mkdir(parents=True)
         port = free_port()
-        admin_key, admin = new_key("default", frozenset({"inference", "admin"}))
-        inference_key, inference = new_key("default", frozenset({"inference"}))
+        admin_key, admin = new_key_config("default", ADMIN)
+        inference_key, inference = new_key_config("default")
         config = deep_merge(self.base_config(port, admin, inference, binary or self.binary), overrides or {})
         config_path = folder / "llamagate.yaml"
         config_path.write_text(yaml.safe_dump(config))

@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from proxy.auth import new_key
 from supervisor.bench.launcher import deep_merge, read_base_config, start_llamagate
 from supervisor.child.spawn import free_port
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
@@ -56,11 +56,8 @@ def _config(base: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     keys: dict[str, str] = {}
     entries = []
     for tenant in TENANTS:
-        key, entry = new_key(tenant, frozenset({"inference", "admin"}))  # admin: to read the timings
-        keys[tenant] = key
-        entries.append(
-            {"id": entry.key_id, "digest": entry.digest, "tenant": tenant, "scopes": ["admin", "inference"]}
-        )
+        keys[tenant], entry = new_key_config(tenant, ADMIN)  # admin: to read the timings
+        entries.append(entry)
     overrides = {
         "proxy": {"host": "127.0.0.1", "port": free_port()},
         "llama": {"slots": 2, "ctx_per_slot": 4096},

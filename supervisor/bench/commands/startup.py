@@ -37,10 +37,10 @@ from typing import Any
 import httpx
 import yaml
 
-from proxy.auth import new_key
 from supervisor.child.gate import HttpProbes, wait_health_200
 from supervisor.child.spawn import RealOs, free_port, popen_tied
 from supervisor.commands.config import add_config_argument
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.config.load import config_to_dict, load_config, resolve_config_path
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import prepare
@@ -106,17 +106,10 @@ class _Daemon:
 
     def __init__(self, cfg: Config, folder: Path, kills: int = 0) -> None:
         self.port = free_port()
-        self.admin_key, entry = new_key(cfg.tenants[0].name, frozenset({"inference", "admin"}))
+        self.admin_key, entry = new_key_config(cfg.tenants[0].name, ADMIN)
         raw = config_to_dict(cfg)
         raw["proxy"]["port"] = self.port
-        raw["keys"] = [
-            {
-                "id": entry.key_id,
-                "digest": entry.digest,
-                "tenant": entry.tenant,
-                "scopes": sorted(entry.scopes),
-            }
-        ]
+        raw["keys"] = [entry]
         # READY for 1 s counts as stable, so every kill below meets the first (shortest) backoff.
         raw["supervision"]["stable_after_s"] = 1.0
         # Deliberate kills are not a crash loop: leave room for all of them within the restart window.
