@@ -4,7 +4,7 @@ child's work, and a child killed mid-stream ends the client's stream with an err
 
 No assert here compares a duration with a constant: a busy machine must not fail them. They check who
 was admitted and refused and the order of events, with timestamps taken in this process compared with
-each other. How fast these things are is measured by `llamagate bench` and recorded in
+each other. How fast these things are is measured by the benchmarks and recorded in
 docs/benchmarks.md."""
 
 from __future__ import annotations

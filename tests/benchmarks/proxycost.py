@@ -1,5 +1,6 @@
-"""Measurements behind ``llamagate bench proxy``: each one a function of base URLs and prepared requests,
-run from the benchmark's own process (never inside the proxy's), over the lean client in ``rawhttp``.
+"""Measurements behind ``python -m tests.benchmarks.proxy``: each one a function of base URLs and prepared
+requests, run from the benchmark's own process (never inside the proxy's), over the lean client in
+``rawhttp``.
 
 - ``latencies``: sequential requests on one keep-alive connection (concurrency 1).
 - ``throughput``: N connections in a closed loop for a fixed time.
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from supervisor.bench.rawhttp import Connection, build_request
 from supervisor.errors import CheckFailed
+from tests.benchmarks.rawhttp import Connection, build_request
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,7 +1,8 @@
-"""``llamagate bench proxy``: what the proxy costs, measured against the same upstream straight, in one run.
+"""``python -m tests.benchmarks.proxy``: what the proxy costs, measured against the same upstream straight,
+in one run.
 
 Three processes, so the numbers are honest on a small host: the upstream (the fast fake llama-server, or
-the real one), the proxy alone (``supervisor.bench.proxy_server``, the daemon's app and uvicorn settings
+the real one), the proxy alone (``tests.benchmarks.proxy_server``, the daemon's app and uvicorn settings
 without the supervisor) and the load generator (this process, on a lean HTTP client). The proxy's CPU
 is read from its own process.
 
@@ -35,20 +36,17 @@ from typing import Any
 import httpx
 
 from proxy.auth import new_key
-from supervisor.bench import proxycost as pc
 from supervisor.child.spawn import free_port, popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
-from supervisor.interrupts import interruptible
+from tests.benchmarks import cli
+from tests.benchmarks import proxycost as pc
 
 TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
 TTFT_GATE_S = 1.5
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "proxy", help="proxy cost: added latency, requests/s, CPU per SSE event, TPOT"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", default="fake,model", help="comma list of: fake, model (default both)")
     parser.add_argument("--requests", type=int, default=3000, help="latency samples per side (default 3000)")
     parser.add_argument(
@@ -65,7 +63,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds for TPOT")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 # --- processes ---------------------------------------------------------------------------------------
@@ -76,7 +73,7 @@ def _python(module: str, *args: str, env: dict[str, str] | None = None) -> tuple
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=cli.python_env(env),
         )
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the child prints its URL once it accepts connections
@@ -104,7 +101,7 @@ def _proxy(
     args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop]
     for name, value in limits.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
-    return _python("supervisor.bench.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
+    return _python("tests.benchmarks.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
 
 
 def _llama_server(
@@ -135,7 +132,7 @@ def _llama_server(
 async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
     secret = secrets.token_urlsafe(16)
     key, entry = new_key("bench", frozenset({"inference"}))
-    fake, fake_url = _python("supervisor.bench.fake_llama", "--secret", secret, "--tokens", "16")
+    fake, fake_url = _python("tests.fakes.fake_llama", "--secret", secret, "--tokens", "16")
     procs.append(fake)
     proxy, proxy_url = _proxy(
         fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256
@@ -301,10 +298,10 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     results: dict[str, Any] = {
-        "command": " ".join(["llamagate", "bench", "proxy", *sys.argv[3:]]),
+        "command": cli.command_line("proxy"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_identity(),
         "proxy_loop": args.loop,
@@ -323,3 +320,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0 if all(line.startswith("PASS") for line in verdict) else 1
+
+
+def main() -> int:
+    return cli.run("proxy", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

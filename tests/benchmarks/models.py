@@ -1,4 +1,4 @@
-"""``llamagate bench models``: several models behind one door, measured.
+"""``python -m tests.benchmarks.models``: several models behind one door, measured.
 
 One private daemon with the demo model (or ``--config``'s ``llama`` section) under three names, one slot
 and one decode thread each: ``chat`` (always), ``chat-od`` (on_demand, ``idle_unload_s`` 2) and ``embed``
@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -31,24 +30,17 @@ import httpx
 
 from supervisor.bench.launcher import deep_merge, llamagate_overrides, read_base_config, start_llamagate
 from supervisor.errors import UsageError
-from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
 
 IDLE_UNLOAD_S = 2.0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "models",
-        help="several models: on-demand cold vs warm TTFT, two models at once vs one, embed + chat",
-        description="Start a private llamagate serving the demo model under three names and measure the "
-        "cost of an on-demand load, of two children decoding at once, and of the RAG pattern.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="base llamagate config (its llama section is shared)")
     parser.add_argument("--rounds", type=int, default=5, help="repetitions of each measurement (5)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed answer (64)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 def _config(base: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -134,7 +126,7 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(present), 1) if present else None
 
 
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.tokens < 2:
         raise UsageError("--rounds must be >= 1 and --tokens >= 2")
     config, key = _config(read_base_config(args.config))
@@ -171,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             launched.stop()
     results = {
-        "command": " ".join(["llamagate", "bench", "models", *sys.argv[3:]]),
+        "command": cli.command_line("models"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "identity": launched.identity,
         "rounds": args.rounds,
@@ -226,3 +218,11 @@ def _rag(client: httpx.Client, base: str, key: str) -> dict[str, float]:
         "chat": (done - embedded) * 1000,
         "total": (done - started) * 1000,
     }
+
+
+def main() -> int:
+    return cli.run("models", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

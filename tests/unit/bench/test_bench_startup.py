@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.bench.commands.startup import _Daemon, _markdown, _summarize
 from supervisor.config.load import load_config
 from supervisor.daemon.identity import host_identity, served_identity
+from tests.benchmarks.startup import _Daemon, _markdown, _summarize
 
 IDENTITY = served_identity(
     binary=Path("/b/llama-server"),

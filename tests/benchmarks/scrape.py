@@ -1,4 +1,4 @@
-"""``llamagate bench scrape``: what scraping ``/metrics`` costs the streams being served.
+"""``python -m tests.benchmarks.scrape``: what scraping ``/metrics`` costs the streams being served.
 
 One private daemon (``launcher.start_llamagate``, the demo model unless ``--config`` says otherwise),
 4 slots. Each round runs 4 concurrent streams twice: once alone, once while a scraper reads ``/metrics``
@@ -24,13 +24,11 @@ import contextlib
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.bench import proxycost as pc
 from supervisor.bench.launcher import (
     Launched,
     deep_merge,
@@ -38,30 +36,23 @@ from supervisor.bench.launcher import (
     read_base_config,
     start_llamagate,
 )
-from supervisor.bench.rawhttp import Connection, build_request
 from supervisor.errors import UsageError
-from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
+from tests.benchmarks import proxycost as pc
+from tests.benchmarks.rawhttp import Connection, build_request
 
 STREAMS = 4
 TARGET_RATIO = 1.02
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "scrape",
-        help="cost of scraping /metrics every second while 4 streams run (TPOT with/without)",
-        description="Start a private llamagate, run 4 concurrent streams with and without a /metrics "
-        "scraper in alternating rounds, and compare time per output token. Exit 0 when scraping costs "
-        f"less than {(TARGET_RATIO - 1) * 100:.0f} %.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="base llamagate config (default: the embedded default)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds of (with, without) scraping (40)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (1.0)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream (128)")
     parser.add_argument("--idle-scrapes", type=int, default=30, help="scrapes of the idle CPU measure (30)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 async def _scrape_until(url: str, raw: bytes, interval_s: float, stop: asyncio.Event) -> list[float]:
@@ -164,7 +155,7 @@ async def _measure(args: argparse.Namespace, launched: Launched) -> dict[str, An
     }
 
 
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.interval <= 0 or args.max_tokens < 2 or args.idle_scrapes < 1:
         raise UsageError("--rounds, --interval, --max-tokens (>= 2) and --idle-scrapes must be positive")
     overrides, key = llamagate_overrides(admit=STREAMS, max_queue=0, queue_timeout_s=30)
@@ -177,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             launched.stop()
     results = {
-        "command": " ".join(["llamagate", "bench", "scrape", *sys.argv[3:]]),
+        "command": cli.command_line("scrape"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "identity": launched.identity,
         **measured,
@@ -191,3 +182,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     return 0 if ok else 1
+
+
+def main() -> int:
+    return cli.run("scrape", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``llamagate bench startup``: what supervision costs at start and how fast it recovers.
+"""``python -m tests.benchmarks.startup``: what supervision costs at start and how fast it recovers.
 
 In one run, interleaved so both see the same machine load:
 - bare: the same llama-server argv and scrubbed environment, spawned directly, until /health 200;
@@ -44,23 +44,19 @@ from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.config.load import config_to_dict, load_config, resolve_config_path
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import prepare
-from supervisor.interrupts import interruptible
 from supervisor.launch.flags import build_argv, build_env, new_secret
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
 
 TIMEOUT_S = 300.0
 SERVE_OVER_BARE_TARGET_S = 0.5
 KILL_OVER_LOAD_TARGET_S = 2.0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "startup", help="serve-to-READY vs bare llama-server, and kill -9 recovery"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--runs", type=int, default=5, help="repetitions of each measurement (default 5)")
     parser.add_argument("--out", help="result folder (default bench-results/startup-<time>)")
-    parser.set_defaults(func=interruptible(_handle))
 
 
 def _poll(url: str, ok: Any, deadline_s: float = TIMEOUT_S) -> float:
@@ -226,7 +222,7 @@ def _dist(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def _handle(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     cfg = load_config(resolve_config_path(args.config))
     prepared = prepare(cfg, progress=ConsoleProgress())  # builds/fetches on first use; warms the hash cache
     out = Path(args.out or f"bench-results/startup-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -271,7 +267,7 @@ def _summarize(
     return {
         "schema": "llamagate.bench.startup/1",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["llamagate", *sys.argv[1:]]),
+        "command": cli.command_line("startup"),
         "bare_spawn_to_health_s": bare_d,
         "serve_start_to_ready_s": total,
         "serve_start_to_child_spawn_s": _dist([s["to_spawn_s"] for s in serve]),
@@ -337,3 +333,11 @@ def _markdown(r: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def main() -> int:
+    return cli.run("startup", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
