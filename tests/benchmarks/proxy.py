@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from proxy.auth import new_key
+from supervisor.bench.stats import percentile
 from supervisor.child.spawn import free_port, popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
@@ -149,7 +150,7 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     while len(via) < args.requests:
         direct += await pc.latencies(fake_url, direct_req, block)
         via += await pc.latencies(proxy_url, proxy_req, block)
-    d, p = pc.summary(direct), pc.summary(via)
+    d, p = pc.summary_ms(direct), pc.summary_ms(via)
     cpu0 = pc.cpu_seconds(proxy.pid)
     done, elapsed, failed = await pc.throughput(proxy_url, proxy_req, args.concurrency, args.duration)
     cpu_per_request_ms = (pc.cpu_seconds(proxy.pid) - cpu0) / max(1, done) * 1000
@@ -163,10 +164,10 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     cpu = pc.cpu_seconds(proxy.pid) - cpu0
     events = sum(r.chunks for r in results)
     return {
-        "latency_direct_ms": {k: v * 1000 if k != "n" else v for k, v in d.items()},
-        "latency_proxy_ms": {k: v * 1000 if k != "n" else v for k, v in p.items()},
-        "added_p50_ms": (p["p50"] - d["p50"]) * 1000,
-        "added_p99_ms": (p["p99"] - d["p99"]) * 1000,
+        "latency_direct_ms": d,
+        "latency_proxy_ms": p,
+        "added_p50_ms": p["p50"] - d["p50"],
+        "added_p99_ms": p["p99"] - d["p99"],
         "rps_c32": done / elapsed,
         "rps_c32_direct": d_done / d_elapsed,
         "non_200": failed,
@@ -205,9 +206,9 @@ def _overload(results: list[pc.StreamResult]) -> dict[str, Any]:
     return {
         "admitted": len(admitted),
         "refused_429": len(refused),
-        "ttft_p50_s": pc.percentile(ttfts, 50),
-        "ttft_p95_s": pc.percentile(ttfts, 95),
-        "ttft_max_s": max(ttfts) if ttfts else float("nan"),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_max_s": max(ttfts, default=None),
         "met_gate": sum(t <= TTFT_GATE_S for t in ttfts),
         "refusal_max_ms": max(refused) * 1000 if refused else None,
     }

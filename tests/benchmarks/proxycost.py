@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import psutil
 
+from supervisor.bench.stats import distribution
 from supervisor.errors import CheckFailed
 from tests.benchmarks.rawhttp import Connection, build_request
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -120,11 +114,6 @@ async def streams(url: str, raw: bytes, concurrency: int) -> list[StreamResult]:
     return list(await asyncio.gather(*(one_stream(url, raw) for _ in range(concurrency))))
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "mean": statistics.fmean(values) if values else float("nan"),
-    }
+def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
+    """n, p50/p95/p99 (the harness's one percentile definition), mean, min and max, in milliseconds."""
+    return asdict(distribution([s * 1000.0 for s in seconds]))

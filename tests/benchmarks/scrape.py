@@ -150,7 +150,7 @@ async def _measure(args: argparse.Namespace, launched: Launched) -> dict[str, An
         "tpot_with_ms": statistics.median(r["tpot_with_ms"] for r in rounds),
         "rounds": rounds,
         "scrapes": len(latencies),
-        "scrape_latency_ms": {k: v * 1000 if k != "n" else v for k, v in pc.summary(latencies).items()},
+        "scrape_latency_ms": pc.summary_ms(latencies),
         "idle": await _idle_cost(launched, scrape, args.idle_scrapes),
     }
 
