@@ -36,7 +36,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.bench import provenance
-from supervisor.bench.client import Target
+from supervisor.bench.client import Exchange, Target, stream_chat
 from supervisor.bench.launcher import Launched, admin_identity, deep_merge, start_llamagate, validate
 from supervisor.bench.soak_ledger import Ending, Ledger, ResourceSample, SlotSample, evaluate, report
 from supervisor.child.spawn import free_port
@@ -114,46 +114,46 @@ def _classify_status(status: int) -> Ending:
     return "refused" if status in (408, 413, 429, 503) else "failed"
 
 
+def _streamed(ex: Exchange, spec: SoakSpec) -> tuple[Ending, int | None, str | None]:
+    if ex.outcome == "timeout":
+        return "hung", ex.status, f"no end within {spec.request_timeout_s:g} s"
+    if ex.status is not None and ex.status != 200:
+        return _classify_status(ex.status), ex.status, ex.reason
+    if ex.left:
+        return "abandoned", 200, None  # it left after the first token: stream_chat closed the connection
+    if ex.outcome == "ok":
+        return "completed", 200, None
+    return "failed", ex.status, ex.reason
+
+
 async def one_call(
     client: httpx.AsyncClient, target: Target, kind: str, body: dict[str, Any], spec: SoakSpec
 ) -> tuple[Ending, int | None, str | None]:
     """Send one request of ``kind``; return how it ended. Never raises (but for cancellation)."""
-    stream = kind in ("stream", "drop_stream")
-    payload = {**body, "stream": stream}
+    if kind in ("stream", "drop_stream"):
+        payload = {**body, "stream": True}
+        ex = await stream_chat(
+            client, target, payload, spec.request_timeout_s, leave_after_first=kind == "drop_stream"
+        )
+        return _streamed(ex, spec)
     url = target.api_root + "/chat/completions"
+    payload = {**body, "stream": False}
     status: int | None = None
     try:
         async with asyncio.timeout(spec.request_timeout_s):
-            if not stream:
-                if kind == "drop_plain":
-                    try:
-                        async with asyncio.timeout(spec.drop_after_s):
-                            r = await client.post(url, json=payload, headers=target.headers())
-                    except TimeoutError:
-                        return "abandoned", None, None
-                else:
-                    r = await client.post(url, json=payload, headers=target.headers())
-                status = r.status_code
-                if status != 200:
-                    return _classify_status(status), status, f"HTTP {status}"
-                choices = r.json().get("choices")
-                return ("completed", 200, None) if choices else ("failed", 200, "answer without choices")
-            async with client.stream("POST", url, json=payload, headers=target.headers()) as r:
-                status = r.status_code
-                if status != 200:
-                    await r.aread()
-                    return _classify_status(status), status, f"HTTP {status}"
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return "completed", 200, None
-                    if '"error"' in data and json.loads(data).get("error"):
-                        return "failed", 200, "error event mid-stream"
-                    if kind == "drop_stream":
-                        return "abandoned", 200, None  # leaving: the context closes the connection
-                return "failed", 200, "stream ended without [DONE]"
+            if kind == "drop_plain":
+                try:
+                    async with asyncio.timeout(spec.drop_after_s):
+                        r = await client.post(url, json=payload, headers=target.headers())
+                except TimeoutError:
+                    return "abandoned", None, None
+            else:
+                r = await client.post(url, json=payload, headers=target.headers())
+            status = r.status_code
+            if status != 200:
+                return _classify_status(status), status, f"HTTP {status}"
+            choices = r.json().get("choices")
+            return ("completed", 200, None) if choices else ("failed", 200, "answer without choices")
     except TimeoutError:
         return "hung", status, f"no end within {spec.request_timeout_s:g} s"
     except (httpx.HTTPError, ValueError) as exc:

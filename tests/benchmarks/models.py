@@ -17,18 +17,20 @@ It measures; it has no target. Exit status 0, or 2 on bad usage.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from supervisor.bench.client import Exchange, Target, stream_chat
 from supervisor.bench.launcher import deep_merge, llamagate_overrides, read_base_config, start_llamagate
+from supervisor.bench.stats import tpot_ms, ttft_ms
 from supervisor.errors import UsageError
 from supervisor.progress import ConsoleProgress
 from tests.benchmarks import cli
@@ -55,70 +57,49 @@ def _config(base: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return deep_merge(base, overrides), key
 
 
-class _Stream:
-    """One streamed chat answer: time to first token from the request's start, and time per token."""
+class _Streams:
+    """Streamed chat answers through the harness's stream timer; each one's TTFT (from the request's
+    start) and time per token (between its streamed tokens), in ms."""
 
-    def __init__(self) -> None:
-        self.ttft_ms: float | None = None
-        self.tpot_ms: float | None = None
-        self.tokens = 0
-        self.error: str | None = None
+    def __init__(self, client: httpx.AsyncClient, target: Target) -> None:
+        self.client = client
+        self.target = target
 
-
-def _stream(client: httpx.Client, base: str, key: str, model: str, tokens: int, out: _Stream) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}],
-        "max_tokens": tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    started = time.monotonic()
-    stamps: list[float] = []
-    try:
-        headers = {"Authorization": f"Bearer {key}"}
-        with client.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as response:
-            if response.status_code != 200:
-                out.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
-                return
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                choices = event.get("choices") or []
-                if choices and (choices[0].get("delta") or {}).get("content"):
-                    stamps.append(time.monotonic())
-    except httpx.HTTPError as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-        return
-    out.tokens = len(stamps)
-    if stamps:
-        out.ttft_ms = (stamps[0] - started) * 1000
-    if len(stamps) > 1:
-        out.tpot_ms = (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1)
+    async def one(self, model: str, tokens: int) -> Exchange:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        ex = await stream_chat(self.client, self.target, body, 600.0)
+        if ex.outcome != "ok":
+            raise RuntimeError(f"{model}: {ex.error}")
+        return ex
 
 
-def _state(client: httpx.Client, base: str, key: str, model: str) -> str:
-    r = client.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+def _ttft(ex: Exchange) -> float | None:
+    return ttft_ms(ex.t_send or 0.0, ex.t_first_content)
+
+
+def _tpot(ex: Exchange) -> float | None:
+    return tpot_ms(ex.t_first_content, ex.t_last_content, ex.content_events)
+
+
+async def _state(client: httpx.AsyncClient, target: Target, model: str) -> str:
+    r = await client.get(target.api_root + "/models", headers=target.headers())
     r.raise_for_status()
     return str(next(m["llamagate"]["state"] for m in r.json()["data"] if m["id"] == model))
 
 
-def _wait_unloaded(client: httpx.Client, base: str, key: str, model: str) -> None:
+async def _wait_unloaded(client: httpx.AsyncClient, target: Target, model: str) -> None:
     deadline = time.monotonic() + IDLE_UNLOAD_S + 60
-    while _state(client, base, key, model) != "unloaded":
+    while await _state(client, target, model) != "unloaded":
         if time.monotonic() > deadline:
             raise RuntimeError(f"{model} was not unloaded within its idle time + 60 s")
-        time.sleep(0.2)
-
-
-def _one(client: httpx.Client, base: str, key: str, model: str, tokens: int) -> _Stream:
-    out = _Stream()
-    _stream(client, base, key, model, tokens, out)
-    if out.error:
-        raise RuntimeError(f"{model}: {out.error}")
-    return out
+        await asyncio.sleep(0.2)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -126,40 +107,53 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(present), 1) if present else None
 
 
+async def _measure(target: Target, rounds: int, tokens: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=600, trust_env=False) as client:
+        streams = _Streams(client, target)
+        cold: list[Exchange] = []
+        warm: list[Exchange] = []
+        for _ in range(rounds):
+            await _wait_unloaded(client, target, "chat-od")
+            cold.append(await streams.one("chat-od", 8))
+            warm.append(await streams.one("chat-od", 8))
+        alone: list[Exchange] = []
+        pair: list[tuple[Exchange, Exchange]] = []
+        for _ in range(rounds):
+            alone.append(await streams.one("chat", tokens))
+            a, b = await asyncio.gather(streams.one("chat", tokens), streams.one("chat-od", tokens))
+            pair.append((a, b))
+        rag = [await _rag(client, target) for _ in range(rounds)]
+    return {
+        "median": {
+            "on_demand_ttft_ms": {
+                "cold": _median([_ttft(s) for s in cold]),
+                "warm": _median([_ttft(s) for s in warm]),
+            },
+            "tpot_ms": {
+                "chat_alone": _median([_tpot(s) for s in alone]),
+                "chat_with_other": _median([_tpot(a) for a, _ in pair]),
+                "other_with_chat": _median([_tpot(b) for _, b in pair]),
+            },
+            "rag_ms": {k: _median([r[k] for r in rag]) for k in ("embed", "chat", "total")},
+        },
+        "samples": {
+            "cold_ttft_ms": [_ttft(s) for s in cold],
+            "warm_ttft_ms": [_ttft(s) for s in warm],
+            "alone_tpot_ms": [_tpot(s) for s in alone],
+            "pair_tpot_ms": [[_tpot(a), _tpot(b)] for a, b in pair],
+            "rag_ms": rag,
+        },
+    }
+
+
 def handle(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.tokens < 2:
         raise UsageError("--rounds must be >= 1 and --tokens >= 2")
     config, key = _config(read_base_config(args.config))
-    cold: list[_Stream] = []
-    warm: list[_Stream] = []
-    alone: list[_Stream] = []
-    pair: list[tuple[_Stream, _Stream]] = []
-    rag: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="llamagate-bench-models-") as folder:
         launched = start_llamagate(config, key, Path(folder), progress=ConsoleProgress())
-        base = launched.target.server_root
         try:
-            with httpx.Client(timeout=600, trust_env=False) as client:
-                for _ in range(args.rounds):
-                    _wait_unloaded(client, base, key, "chat-od")
-                    cold.append(_one(client, base, key, "chat-od", 8))
-                    warm.append(_one(client, base, key, "chat-od", 8))
-                for _ in range(args.rounds):
-                    alone.append(_one(client, base, key, "chat", args.tokens))
-                    a, b = _Stream(), _Stream()
-                    threads = [
-                        threading.Thread(target=_stream, args=(client, base, key, m, args.tokens, s))
-                        for m, s in (("chat", a), ("chat-od", b))
-                    ]
-                    for t in threads:
-                        t.start()
-                    for t in threads:
-                        t.join()
-                    if a.error or b.error:
-                        raise RuntimeError(f"two at once: {a.error or b.error}")
-                    pair.append((a, b))
-                for _ in range(args.rounds):
-                    rag.append(_rag(client, base, key))
+            measured = asyncio.run(_measure(launched.target, args.rounds, args.tokens))
         finally:
             launched.stop()
     results = {
@@ -168,39 +162,20 @@ def handle(args: argparse.Namespace) -> int:
         "identity": launched.identity,
         "rounds": args.rounds,
         "tokens": args.tokens,
-        "median": {
-            "on_demand_ttft_ms": {
-                "cold": _median([s.ttft_ms for s in cold]),
-                "warm": _median([s.ttft_ms for s in warm]),
-            },
-            "tpot_ms": {
-                "chat_alone": _median([s.tpot_ms for s in alone]),
-                "chat_with_other": _median([a.tpot_ms for a, _ in pair]),
-                "other_with_chat": _median([b.tpot_ms for _, b in pair]),
-            },
-            "rag_ms": {k: _median([r[k] for r in rag]) for k in ("embed", "chat", "total")},
-        },
-        "samples": {
-            "cold_ttft_ms": [s.ttft_ms for s in cold],
-            "warm_ttft_ms": [s.ttft_ms for s in warm],
-            "alone_tpot_ms": [s.tpot_ms for s in alone],
-            "pair_tpot_ms": [[a.tpot_ms, b.tpot_ms] for a, b in pair],
-            "rag_ms": rag,
-        },
+        **measured,
     }
     print(json.dumps(results, indent=2, default=str))
-    m = results["median"]
-    print(f"medians: {json.dumps(m)}")
+    print(f"medians: {json.dumps(results['median'])}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     return 0
 
 
-def _rag(client: httpx.Client, base: str, key: str) -> dict[str, float]:
-    headers = {"Authorization": f"Bearer {key}"}
+async def _rag(client: httpx.AsyncClient, target: Target) -> dict[str, float]:
     question = "Who kept the lighthouse on the northern cape?"
     started = time.monotonic()
-    r = client.post(f"{base}/v1/embeddings", json={"model": "embed", "input": question}, headers=headers)
+    body: dict[str, Any] = {"model": "embed", "input": question}
+    r = await client.post(target.api_root + "/embeddings", json=body, headers=target.headers())
     r.raise_for_status()
     embedded = time.monotonic()
     context = "The northern lighthouse was kept by Ada Sørensen from 1901 to 1934."
@@ -210,7 +185,7 @@ def _rag(client: httpx.Client, base: str, key: str) -> dict[str, float]:
         "max_tokens": 16,
         "temperature": 0,
     }
-    r = client.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+    r = await client.post(target.api_root + "/chat/completions", json=body, headers=target.headers())
     r.raise_for_status()
     done = time.monotonic()
     return {

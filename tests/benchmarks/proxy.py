@@ -173,7 +173,7 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
         "non_200": failed,
         "cpu_ms_per_request": cpu_per_request_ms,
         "sse_events": events,
-        "sse_tokens": sum(r.tokens for r in results),
+        "sse_tokens": sum(r.ex.content_events for r in results),
         "cpu_ms_per_event": cpu / max(1, events) * 1000,
     }
 
@@ -194,12 +194,12 @@ def _binary_and_model(args: argparse.Namespace) -> tuple[Path, Path]:
     return binary, model
 
 
-def _tpot_median(results: list[pc.StreamResult]) -> float:
+def _tpot_median(results: list[pc.Streamed]) -> float:
     values = [r.tpot_s for r in results if r.tpot_s is not None]
     return statistics.median(values) if values else float("nan")
 
 
-def _overload(results: list[pc.StreamResult]) -> dict[str, Any]:
+def _overload(results: list[pc.Streamed]) -> dict[str, Any]:
     admitted = [r for r in results if r.status == 200]
     ttfts = [r.ttft_s for r in admitted if r.ttft_s is not None]
     refused = [r.latency_s for r in results if r.status == 429]
@@ -227,8 +227,8 @@ async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[An
     direct_req = pc.chat_request(llama_url, secret, 128, True, ignore_eos=True)
     proxy_req = pc.chat_request(proxy_url, key, 128, True, ignore_eos=True)
     await pc.streams(llama_url, direct_req, 1)  # warm-up
-    direct: list[pc.StreamResult] = []
-    via: list[pc.StreamResult] = []
+    direct: list[pc.Streamed] = []
+    via: list[pc.Streamed] = []
     for _ in range(args.rounds):
         direct += await pc.streams(llama_url, direct_req, 4)
         via += await pc.streams(proxy_url, proxy_req, 4)

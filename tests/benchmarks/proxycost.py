@@ -4,7 +4,7 @@ requests, run from the benchmark's own process (never inside the proxy's), over 
 
 - ``latencies``: sequential requests on one keep-alive connection (concurrency 1).
 - ``throughput``: N connections in a closed loop for a fixed time.
-- ``streams``: N concurrent streamed requests, each timed per event (TTFT, TPOT, status, Retry-After).
+- ``streams``: N concurrent streamed requests, each timed per event by the harness's stream timer.
 - ``cpu_seconds``: user+system CPU of a process, read before and after a phase (psutil).
 """
 
@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from supervisor.bench import stats
+from supervisor.bench.client import Exchange, time_reply
 from supervisor.bench.stats import distribution
 from supervisor.errors import CheckFailed
 from tests.benchmarks.rawhttp import Connection, build_request
@@ -78,39 +80,47 @@ async def throughput(url: str, raw: bytes, concurrency: int, duration_s: float) 
     return done, time.monotonic() - started, failed
 
 
-@dataclass
-class StreamResult:
-    status: int
-    latency_s: float  # send to last byte (for a refusal: to the answer)
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    tokens: int = 0
-    chunks: int = 0
-    retry_after: str | None = None
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed request, read by the harness's stream timer (``client.time_reply``)."""
+
+    ex: Exchange
+    chunks: int  # HTTP chunks of the body: one per SSE event as llama-server and the proxy write them
+
+    @property
+    def status(self) -> int:
+        return self.ex.status or 0
+
+    @property
+    def latency_s(self) -> float:
+        """Send to the end of the answer (for a refusal: to the refusal)."""
+        return (self.ex.t_end or 0.0) - (self.ex.t_send or 0.0)
+
+    @property
+    def ttft_s(self) -> float | None:
+        ttft = stats.ttft_ms(self.ex.t_send or 0.0, self.ex.t_first_content)
+        return None if ttft is None else ttft / 1000.0
+
+    @property
+    def tpot_s(self) -> float | None:
+        """The mean gap between streamed tokens after the first (from their arrival times alone: a
+        non-admin key's answers carry no token counts)."""
+        ex = self.ex
+        tpot = stats.tpot_ms(ex.t_first_content, ex.t_last_content, ex.content_events)
+        return None if tpot is None or ex.outcome != "ok" else tpot / 1000.0
 
 
-async def one_stream(url: str, raw: bytes) -> StreamResult:
+async def one_stream(url: str, raw: bytes) -> Streamed:
     conn = await Connection.open(url)
     try:
-        reply = await conn.send(raw)
+        r = await conn.send(raw)
     finally:
         await conn.close()
-    result = StreamResult(
-        reply.status, reply.done_at - reply.sent_at, retry_after=reply.headers.get("retry-after")
-    )
-    token_times = [
-        t for t, data in reply.chunks for _ in range(data.count(b'"content":"') - data.count(b'"content":""'))
-    ]
-    result.chunks = len(reply.chunks)
-    result.tokens = len(token_times)
-    if token_times:
-        result.ttft_s = token_times[0] - reply.sent_at
-    if len(token_times) > 1:
-        result.tpot_s = (token_times[-1] - token_times[0]) / (len(token_times) - 1)
-    return result
+    ex = time_reply(r.status, r.headers.get("retry-after"), r.body, r.chunks, r.sent_at, r.done_at)
+    return Streamed(ex, len(r.chunks))
 
 
-async def streams(url: str, raw: bytes, concurrency: int) -> list[StreamResult]:
+async def streams(url: str, raw: bytes, concurrency: int) -> list[Streamed]:
     return list(await asyncio.gather(*(one_stream(url, raw) for _ in range(concurrency))))
 
 
