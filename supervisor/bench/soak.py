@@ -32,12 +32,11 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.bench import provenance
 from supervisor.bench.client import Exchange, Target, stream_chat
-from supervisor.bench.launcher import Launched, admin_identity, deep_merge, start_llamagate, validate
+from supervisor.bench.launcher import PrivateDaemon, deep_merge, start_llamagate, validate
 from supervisor.bench.soak_ledger import Ending, Ledger, ResourceSample, SlotSample, evaluate, report
 from supervisor.child.spawn import free_port
 from supervisor.config.keys import ADMIN, new_key_config
@@ -72,11 +71,9 @@ class SoakSpec:
 @dataclass
 class _Run:
     spec: SoakSpec
-    launched: Launched
+    daemon: PrivateDaemon
     admin: Target
     keys: dict[str, str]
-    config_path: Path
-    config: dict[str, Any]
     ledger: Ledger = field(default_factory=Ledger)
     t0: float = 0.0
 
@@ -178,7 +175,7 @@ async def _client_loop(run: _Run, index: int, end_t: float) -> None:
             }
             ticket = run.ledger.start()
             ending, status, reason = await one_call(
-                client, Target(run.launched.target.base_url, run.keys[tenant]), kind, body, run.spec
+                client, Target(run.daemon.base_url, run.keys[tenant]), kind, body, run.spec
             )
             run.ledger.finish(ticket, kind, ending, status=status, reason=reason)
             if ending == "refused":
@@ -212,7 +209,7 @@ def _permits(g: dict[str, float]) -> int:
 
 
 async def _monitor(run: _Run, stop: asyncio.Event) -> None:
-    proc = psutil.Process(run.launched.proc.pid)
+    proc = psutil.Process(run.daemon.pid)
     every_s = min(RESOURCE_EVERY_S, run.spec.minutes * 60.0 / 40)  # enough samples in a short run too
     last_resource = -every_s
     async with httpx.AsyncClient(timeout=3.0, trust_env=False) as client:
@@ -243,9 +240,10 @@ async def _monitor(run: _Run, stop: asyncio.Event) -> None:
 
 # --- chaos -----------------------------------------------------------------------------------------------
 def _child_pid(run: _Run) -> int | None:
-    status = admin_identity(run.admin).get("status")
-    pid = status.get("child_pid") if isinstance(status, dict) else None
-    return pid if isinstance(pid, int) else None
+    try:
+        return run.daemon.child_pid
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None  # the daemon did not say (busy, or between children): no target for this step
 
 
 async def _chaos(run: _Run, plan: Sequence[tuple[float, str]]) -> None:
@@ -255,10 +253,10 @@ async def _chaos(run: _Run, plan: Sequence[tuple[float, str]]) -> None:
         event: dict[str, Any] = {"action": action, "at_s": round(run.now(), 1)}
         if action == "sighup":
             flip = not flip
-            alpha = run.config["tenants"][0]
-            alpha["max_queue"] = 3 if flip else 4  # a real change, so the reload applies something
-            run.config_path.write_text(yaml.safe_dump(run.config, sort_keys=False), encoding="utf-8")
-            run.launched.proc.send_signal(signal.SIGHUP)
+            tenants = [dict(t) for t in run.daemon.config["tenants"]]
+            tenants[0]["max_queue"] = 3 if flip else 4  # a real change, so the reload applies something
+            run.daemon.write_config({"tenants": tenants})
+            run.daemon.signal(signal.SIGHUP)
         else:
             pid = await asyncio.to_thread(_child_pid, run)
             event["child_pid"] = pid
@@ -354,9 +352,9 @@ def _fd_detail(pid: int) -> dict[str, Any]:
 async def _drive(run: _Run) -> dict[str, Any]:
     spec = run.spec
     duration_s = spec.minutes * 60.0
-    slots = validate(run.config, "soak config").llama.slots
+    slots = validate(run.daemon.config, "soak config").llama.slots
     concurrency = spec.concurrency or 2 * slots
-    pid = run.launched.proc.pid
+    pid = run.daemon.pid
     await _warm_up(run)
     fds_start = psutil.Process(pid).num_fds()
     detail = {"start": _fd_detail(pid)}
@@ -411,19 +409,19 @@ def run_soak(
     out.mkdir(parents=True, exist_ok=True)
     config, admin_key, keys = soak_config(spec.base_config)
     folder = out / "llamagate"
-    launched = start_llamagate(config, admin_key, folder, progress=progress)
+    daemon = start_llamagate(config, admin_key, folder, progress=progress)
     try:
         # Before the run: the checkout's commit is the code the daemon imported, not a later one.
-        record = provenance.collect(argv, {}, launched={"llamagate": admin_identity(launched.target)})
-        run = _Run(spec, launched, launched.target, keys, folder / "llamagate.yaml", config)
+        record = provenance.collect(argv, {}, launched={"llamagate": daemon.identity})
+        run = _Run(spec, daemon, daemon.target, keys)
         result = asyncio.run(_drive(run))
         result["final_child_pid"] = _child_pid(run)
     finally:
-        exit_code = launched.stop()
+        exit_code = daemon.stop()
     result["schema"] = SCHEMA
     result["spec"] = {k: v for k, v in asdict(spec).items() if k != "base_config"}
     result["daemon_exit_code"] = exit_code
-    result["daemon_pid"] = launched.proc.pid
+    result["daemon_pid"] = daemon.pid
     result["provenance"] = record
     (out / "soak.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return result

@@ -21,25 +21,24 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from proxy.auth import new_key
+from supervisor.artifacts.files import sha256_file
+from supervisor.bench.launcher import BareServer, start_llama_server
 from supervisor.bench.stats import percentile
-from supervisor.child.spawn import free_port, popen_tied, stop_popen
+from supervisor.child.spawn import popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
+from supervisor.progress import ConsoleProgress
 from tests.benchmarks import cli
 from tests.benchmarks import proxycost as pc
 
@@ -105,30 +104,6 @@ def _proxy(
     return _python("tests.benchmarks.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
 
 
-def _llama_server(
-    binary: Path, model: Path, threads: int, slots: int, ctx: int, secret: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [str(binary), "-m", str(model), "-np", str(slots), "-c", str(slots * ctx), "--metrics"]
-    argv += ["--alias", "gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    argv += ["-t", str(threads), "-ngl", "0"]
-    env = {"PATH": os.environ.get("PATH", ""), "LLAMA_API_KEY": secret, "HOME": os.environ.get("HOME", "/")}
-    proc = popen_tied(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StartupError(f"llama-server exited ({proc.returncode}) during startup")
-        try:
-            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise StartupError("llama-server not healthy within 300 s")
-
-
 # --- phases ------------------------------------------------------------------------------------------
 async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
     secret = secrets.token_urlsafe(16)
@@ -178,20 +153,17 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     }
 
 
-def _binary_and_model(args: argparse.Namespace) -> tuple[Path, Path]:
-    from supervisor.progress import ConsoleProgress
-
-    binary, model = args.binary, args.model
-    if binary is None:
-        from supervisor.artifacts.build import ensure_binary
-        from supervisor.paths import default_lock_path
-
-        binary = ensure_binary(default_lock_path(), progress=ConsoleProgress()).path
-    if model is None:
-        from supervisor.artifacts.demo_model import ensure_demo_model
-
-        model = ensure_demo_model(progress=ConsoleProgress())
-    return binary, model
+def _server_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The bare llama-server of the model phase, as a llamagate config (the launcher gives it the argv
+    llamagate gives its child): the binary built from the lock and the demo model unless named."""
+    llama: dict[str, Any] = {"threads": args.threads, "threads_batch": args.threads, "slots": 4}
+    llama["ctx_per_slot"] = 2048
+    if args.binary is not None:
+        llama["binary"] = str(args.binary.resolve())
+    if args.model is not None:
+        # Trust on first use: the file as it is now is what gets measured (its digest is recorded).
+        llama["model"] = {"path": str(args.model.resolve()), "sha256": sha256_file(args.model)}
+    return {"llama": llama}
 
 
 def _tpot_median(results: list[pc.Streamed]) -> float:
@@ -215,11 +187,17 @@ def _overload(results: list[pc.Streamed]) -> dict[str, Any]:
 
 
 async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
-    binary, model = _binary_and_model(args)
-    secret = secrets.token_urlsafe(16)
+    with tempfile.TemporaryDirectory(prefix="llamagate-bench-proxy-") as folder:
+        server, _ = start_llama_server(_server_config(args), Path(folder), progress=ConsoleProgress())
+        procs.append(server.proc)
+        return await _measure_model(args, procs, server)
+
+
+async def _measure_model(
+    args: argparse.Namespace, procs: list[subprocess.Popen[Any]], server: BareServer
+) -> dict[str, Any]:
+    llama_url, secret = server.target.base_url, server.target.api_key or ""
     key, entry = new_key("bench", frozenset({"inference"}))
-    server, llama_url = _llama_server(binary, model, args.threads, 4, 2048, secret)
-    procs.append(server)
     proxy, proxy_url = _proxy(
         llama_url, secret, entry.key_id, entry.digest, args.loop, slots=4, max_concurrency=4, max_queue=0
     )
@@ -236,15 +214,8 @@ async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[An
     single = await pc.streams(proxy_url, proxy_req, 1)
     over_direct = await pc.streams(llama_url, direct_req, 8)
     over_proxy = await pc.streams(proxy_url, proxy_req, 8)
-    from supervisor.artifacts.build import version_output
-    from supervisor.artifacts.files import sha256_file
-
     return {
-        "binary": str(binary),
-        "binary_sha256": sha256_file(binary),
-        "llama_server_version": version_output(binary).strip().splitlines()[:1],
-        "model": str(model),
-        "model_sha256": sha256_file(model),
+        "identity": server.identity["served"],
         "threads": args.threads,
         "slots": 4,
         "ctx_per_slot": 2048,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.bench.launcher import (
-    Launched,
+    PrivateDaemon,
     deep_merge,
     llamagate_overrides,
     read_base_config,
@@ -88,13 +88,13 @@ async def _block(url: str, stream_raw: bytes, scrape: bytes | None, interval_s: 
     return {"tpot_s": [r.tpot_s for r in results], "scrape_latency_s": latencies}
 
 
-def _cpu(launched: Launched) -> tuple[float, float]:
+def _cpu(launched: PrivateDaemon) -> tuple[float, float]:
     """CPU seconds so far of the daemon and of its llama-server child."""
-    child = launched.server_pid()
+    child = launched.child_pid
     return pc.cpu_seconds(launched.proc.pid), pc.cpu_seconds(child) if child else 0.0
 
 
-async def _idle_cost(launched: Launched, scrape: bytes, n: int) -> dict[str, float]:
+async def _idle_cost(launched: PrivateDaemon, scrape: bytes, n: int) -> dict[str, float]:
     """CPU per scrape with no traffic: a window with ``n`` scrapes minus an equal window without, so
     the daemon's own background work (health probes, timers) cancels out. Scrapes are spaced past the
     1 s cache, so each one is a fresh fetch from llama-server: the worst case."""
@@ -122,7 +122,7 @@ async def _idle_cost(launched: Launched, scrape: bytes, n: int) -> dict[str, flo
     }
 
 
-async def _measure(args: argparse.Namespace, launched: Launched) -> dict[str, Any]:
+async def _measure(args: argparse.Namespace, launched: PrivateDaemon) -> dict[str, Any]:
     url, key = launched.target.base_url, launched.target.api_key or ""
     alias = launched.identity.get("model", {}).get("alias", "gemma-3-270m")
     stream_raw = pc.chat_request(url, key, args.max_tokens, True, model=alias, ignore_eos=True)
