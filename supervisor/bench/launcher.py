@@ -1,8 +1,8 @@
 """Targets a benchmark starts itself, from one llamagate config (YAML mapping): a private llamagate daemon
 (``PrivateDaemon``, ``start_llamagate``) or a bare llama-server (``start_llama_server``).
 
-``PrivateDaemon`` is the one launcher of ``llamagate serve`` outside the product's own service manager:
-every benchmark and the integration tests' ``daemon_factory`` start their daemons with it. It runs
+``PrivateDaemon`` is the one launcher of a private ``llamagate serve``: every benchmark and the integration
+tests' ``daemon_factory`` start their daemons with it. It runs
 ``python -m supervisor serve --config`` (this Python, this checkout) on a config written into a folder of
 its own (mode 0600: it holds key digests), with JSON log lines on stderr in ``llamagate.log``.
 
@@ -14,8 +14,8 @@ readiness against a deadline while watching the process, and ``stop`` always end
 
 Both are started tied (``child.spawn.popen_tied``: PR_SET_PDEATHSIG, from the main thread): if the bench
 process dies without running ``stop`` (SIGKILL, a crash), the kernel kills them with SIGKILL, and a
-private daemon's own child dies with it the same way. A benchmark's run in a session of their own, so a
-Ctrl-C on the terminal reaches only the bench, which then stops them in order.
+private daemon's own child dies with it the same way. A benchmark's targets run in a session of their
+own, so a Ctrl-C on the terminal reaches only the bench, which then stops them in order.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any
 from proxy.auth import new_key
 from supervisor.artifacts.files import sha256_file
 from supervisor.bench.launcher import BareServer, start_llama_server
+from supervisor.bench.provenance import llamagate_identity
 from supervisor.bench.stats import percentile
 from supervisor.child.spawn import popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
@@ -62,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="GGUF model (default: the demo model)")
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds for TPOT")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream of the model phase")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
 
 
@@ -202,8 +204,8 @@ async def _measure_model(
         llama_url, secret, entry.key_id, entry.digest, args.loop, slots=4, max_concurrency=4, max_queue=0
     )
     procs.append(proxy)
-    direct_req = pc.chat_request(llama_url, secret, 128, True, ignore_eos=True)
-    proxy_req = pc.chat_request(proxy_url, key, 128, True, ignore_eos=True)
+    direct_req = pc.chat_request(llama_url, secret, args.max_tokens, True, ignore_eos=True)
+    proxy_req = pc.chat_request(proxy_url, key, args.max_tokens, True, ignore_eos=True)
     await pc.streams(llama_url, direct_req, 1)  # warm-up
     direct: list[pc.Streamed] = []
     via: list[pc.Streamed] = []
@@ -255,21 +257,6 @@ def _verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
 def handle(args: argparse.Namespace) -> int:
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     results: dict[str, Any] = {
@@ -277,7 +264,7 @@ def handle(args: argparse.Namespace) -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_identity(),
         "proxy_loop": args.loop,
-        "llamagate_commit": _commit(),
+        "llamagate": llamagate_identity(),
     }
     with _processes() as procs:
         if "fake" in phases:
