@@ -13,7 +13,9 @@ BENCH_MODULES = ("run", "sweep", "overload", "experiments", "soak", "scaleout")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("bench", help="measure this host: capacity envelope and overheads")
+    parser = subparsers.add_parser(
+        "bench", help="measure this host: capacity envelope, overload, experiments, soak, scale-out"
+    )
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
     for name in BENCH_MODULES:
         try:
