@@ -3,10 +3,10 @@ stream timer every benchmark uses.
 
 ``stream_chat`` sends it over httpx. Plain httpx rather than the openai SDK: the SDK's parsing layers sit
 between the socket and the clock, and the load generator needs the arrival time of each event at low
-overhead. A benchmark that brings a leaner transport of its own (the proxy cost benchmark, which must
-leave the cores to the proxy) feeds the same ``Exchange`` with ``refused``, ``read_line`` and
-``finish``, so every TTFT, token count and failure is read from the wire one way. Only timings, counts,
-status and a short error string are kept: never the prompt or the completion text.
+overhead. A benchmark with a leaner transport of its own (the proxy cost benchmark, which must leave the
+cores to the proxy) hands the answer it received, with each chunk's arrival time, to ``time_reply``,
+which reads it with the same code: every TTFT, token count and failure is read from the wire one way.
+Only timings, counts, status and a short error string are kept: never the prompt or the completion text.
 """
 
 from __future__ import annotations
