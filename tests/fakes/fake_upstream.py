@@ -1,5 +1,5 @@
 """Fakes for the proxy's tests: an upstream source with a settable snapshot, the fast fake llama-server
-(shared with the proxy cost benchmark, which ships it), and an in-process uvicorn runner on a free port."""
+(``fake_llama``, which the proxy cost benchmark runs too), and an in-process uvicorn runner on a free port."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 
 from proxy.models.lane import ModelEntry
 from proxy.source import UpstreamSnapshot
-from supervisor.bench.fake_llama import FakeLlama
+from tests.fakes.fake_llama import FakeLlama
 
 __all__ = ["FakeLlama", "StaticSource", "eventually", "one_model", "serve", "snapshot_for"]
 

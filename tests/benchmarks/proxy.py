@@ -1,7 +1,8 @@
-"""``llamagate bench proxy``: what the proxy costs, measured against the same upstream straight, in one run.
+"""``python -m tests.benchmarks.proxy``: what the proxy costs, measured against the same upstream straight,
+in one run.
 
 Three processes, so the numbers are honest on a small host: the upstream (the fast fake llama-server, or
-the real one), the proxy alone (``supervisor.bench.proxy_server``, the daemon's app and uvicorn settings
+the real one), the proxy alone (``tests.benchmarks.proxy_server``, the daemon's app and uvicorn settings
 without the supervisor) and the load generator (this process, on a lean HTTP client). The proxy's CPU
 is read from its own process.
 
@@ -20,35 +21,33 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from proxy.auth import new_key
-from supervisor.bench import proxycost as pc
-from supervisor.child.spawn import free_port, popen_tied, stop_popen
+from supervisor.artifacts.files import sha256_file
+from supervisor.bench.launcher import BareServer, start_llama_server
+from supervisor.bench.provenance import llamagate_identity
+from supervisor.bench.stats import percentile
+from supervisor.child.spawn import popen_tied, stop_popen
 from supervisor.daemon.identity import host_identity
 from supervisor.errors import StartupError
-from supervisor.interrupts import interruptible
+from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
+from tests.benchmarks import proxycost as pc
 
 TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
 TTFT_GATE_S = 1.5
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "proxy", help="proxy cost: added latency, requests/s, CPU per SSE event, TPOT"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phases", default="fake,model", help="comma list of: fake, model (default both)")
     parser.add_argument("--requests", type=int, default=3000, help="latency samples per side (default 3000)")
     parser.add_argument(
@@ -64,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", type=Path, help="GGUF model (default: the demo model)")
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds for TPOT")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream of the model phase")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 # --- processes ---------------------------------------------------------------------------------------
@@ -76,7 +75,7 @@ def _python(module: str, *args: str, env: dict[str, str] | None = None) -> tuple
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=cli.python_env(env),
         )
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the child prints its URL once it accepts connections
@@ -104,38 +103,14 @@ def _proxy(
     args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop]
     for name, value in limits.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
-    return _python("supervisor.bench.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
-
-
-def _llama_server(
-    binary: Path, model: Path, threads: int, slots: int, ctx: int, secret: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [str(binary), "-m", str(model), "-np", str(slots), "-c", str(slots * ctx), "--metrics"]
-    argv += ["--alias", "gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    argv += ["-t", str(threads), "-ngl", "0"]
-    env = {"PATH": os.environ.get("PATH", ""), "LLAMA_API_KEY": secret, "HOME": os.environ.get("HOME", "/")}
-    proc = popen_tied(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StartupError(f"llama-server exited ({proc.returncode}) during startup")
-        try:
-            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise StartupError("llama-server not healthy within 300 s")
+    return _python("tests.benchmarks.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
 
 
 # --- phases ------------------------------------------------------------------------------------------
 async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
     secret = secrets.token_urlsafe(16)
     key, entry = new_key("bench", frozenset({"inference"}))
-    fake, fake_url = _python("supervisor.bench.fake_llama", "--secret", secret, "--tokens", "16")
+    fake, fake_url = _python("tests.fakes.fake_llama", "--secret", secret, "--tokens", "16")
     procs.append(fake)
     proxy, proxy_url = _proxy(
         fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256
@@ -152,7 +127,7 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     while len(via) < args.requests:
         direct += await pc.latencies(fake_url, direct_req, block)
         via += await pc.latencies(proxy_url, proxy_req, block)
-    d, p = pc.summary(direct), pc.summary(via)
+    d, p = pc.summary_ms(direct), pc.summary_ms(via)
     cpu0 = pc.cpu_seconds(proxy.pid)
     done, elapsed, failed = await pc.throughput(proxy_url, proxy_req, args.concurrency, args.duration)
     cpu_per_request_ms = (pc.cpu_seconds(proxy.pid) - cpu0) / max(1, done) * 1000
@@ -166,71 +141,74 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     cpu = pc.cpu_seconds(proxy.pid) - cpu0
     events = sum(r.chunks for r in results)
     return {
-        "latency_direct_ms": {k: v * 1000 if k != "n" else v for k, v in d.items()},
-        "latency_proxy_ms": {k: v * 1000 if k != "n" else v for k, v in p.items()},
-        "added_p50_ms": (p["p50"] - d["p50"]) * 1000,
-        "added_p99_ms": (p["p99"] - d["p99"]) * 1000,
+        "latency_direct_ms": d,
+        "latency_proxy_ms": p,
+        "added_p50_ms": p["p50"] - d["p50"],
+        "added_p99_ms": p["p99"] - d["p99"],
         "rps_c32": done / elapsed,
         "rps_c32_direct": d_done / d_elapsed,
         "non_200": failed,
         "cpu_ms_per_request": cpu_per_request_ms,
         "sse_events": events,
-        "sse_tokens": sum(r.tokens for r in results),
+        "sse_tokens": sum(r.ex.content_events for r in results),
         "cpu_ms_per_event": cpu / max(1, events) * 1000,
     }
 
 
-def _binary_and_model(args: argparse.Namespace) -> tuple[Path, Path]:
-    from supervisor.progress import ConsoleProgress
-
-    binary, model = args.binary, args.model
-    if binary is None:
-        from supervisor.artifacts.build import ensure_binary
-        from supervisor.paths import default_lock_path
-
-        binary = ensure_binary(default_lock_path(), progress=ConsoleProgress()).path
-    if model is None:
-        from supervisor.artifacts.demo_model import ensure_demo_model
-
-        model = ensure_demo_model(progress=ConsoleProgress())
-    return binary, model
+def _server_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The bare llama-server of the model phase, as a llamagate config (the launcher gives it the argv
+    llamagate gives its child): the binary built from the lock and the demo model unless named."""
+    llama: dict[str, Any] = {"threads": args.threads, "threads_batch": args.threads, "slots": 4}
+    llama["ctx_per_slot"] = 2048
+    if args.binary is not None:
+        llama["binary"] = str(args.binary.resolve())
+    if args.model is not None:
+        # Trust on first use: the file as it is now is what gets measured (its digest is recorded).
+        llama["model"] = {"path": str(args.model.resolve()), "sha256": sha256_file(args.model)}
+    return {"llama": llama}
 
 
-def _tpot_median(results: list[pc.StreamResult]) -> float:
+def _tpot_median(results: list[pc.Streamed]) -> float:
     values = [r.tpot_s for r in results if r.tpot_s is not None]
     return statistics.median(values) if values else float("nan")
 
 
-def _overload(results: list[pc.StreamResult]) -> dict[str, Any]:
+def _overload(results: list[pc.Streamed]) -> dict[str, Any]:
     admitted = [r for r in results if r.status == 200]
     ttfts = [r.ttft_s for r in admitted if r.ttft_s is not None]
     refused = [r.latency_s for r in results if r.status == 429]
     return {
         "admitted": len(admitted),
         "refused_429": len(refused),
-        "ttft_p50_s": pc.percentile(ttfts, 50),
-        "ttft_p95_s": pc.percentile(ttfts, 95),
-        "ttft_max_s": max(ttfts) if ttfts else float("nan"),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_max_s": max(ttfts, default=None),
         "met_gate": sum(t <= TTFT_GATE_S for t in ttfts),
         "refusal_max_ms": max(refused) * 1000 if refused else None,
     }
 
 
 async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
-    binary, model = _binary_and_model(args)
-    secret = secrets.token_urlsafe(16)
+    with tempfile.TemporaryDirectory(prefix="llamagate-bench-proxy-") as folder:
+        server, _ = start_llama_server(_server_config(args), Path(folder), progress=ConsoleProgress())
+        procs.append(server.proc)
+        return await _measure_model(args, procs, server)
+
+
+async def _measure_model(
+    args: argparse.Namespace, procs: list[subprocess.Popen[Any]], server: BareServer
+) -> dict[str, Any]:
+    llama_url, secret = server.target.base_url, server.target.api_key or ""
     key, entry = new_key("bench", frozenset({"inference"}))
-    server, llama_url = _llama_server(binary, model, args.threads, 4, 2048, secret)
-    procs.append(server)
     proxy, proxy_url = _proxy(
         llama_url, secret, entry.key_id, entry.digest, args.loop, slots=4, max_concurrency=4, max_queue=0
     )
     procs.append(proxy)
-    direct_req = pc.chat_request(llama_url, secret, 128, True, ignore_eos=True)
-    proxy_req = pc.chat_request(proxy_url, key, 128, True, ignore_eos=True)
+    direct_req = pc.chat_request(llama_url, secret, args.max_tokens, True, ignore_eos=True)
+    proxy_req = pc.chat_request(proxy_url, key, args.max_tokens, True, ignore_eos=True)
     await pc.streams(llama_url, direct_req, 1)  # warm-up
-    direct: list[pc.StreamResult] = []
-    via: list[pc.StreamResult] = []
+    direct: list[pc.Streamed] = []
+    via: list[pc.Streamed] = []
     for _ in range(args.rounds):
         direct += await pc.streams(llama_url, direct_req, 4)
         via += await pc.streams(proxy_url, proxy_req, 4)
@@ -238,15 +216,8 @@ async def _model_phase(args: argparse.Namespace, procs: list[subprocess.Popen[An
     single = await pc.streams(proxy_url, proxy_req, 1)
     over_direct = await pc.streams(llama_url, direct_req, 8)
     over_proxy = await pc.streams(proxy_url, proxy_req, 8)
-    from supervisor.artifacts.build import version_output
-    from supervisor.artifacts.files import sha256_file
-
     return {
-        "binary": str(binary),
-        "binary_sha256": sha256_file(binary),
-        "llama_server_version": version_output(binary).strip().splitlines()[:1],
-        "model": str(model),
-        "model_sha256": sha256_file(model),
+        "identity": server.identity["served"],
         "threads": args.threads,
         "slots": 4,
         "ctx_per_slot": 2048,
@@ -286,29 +257,14 @@ def _verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     results: dict[str, Any] = {
-        "command": " ".join(["llamagate", "bench", "proxy", *sys.argv[3:]]),
+        "command": cli.command_line("proxy"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_identity(),
         "proxy_loop": args.loop,
-        "llamagate_commit": _commit(),
+        "llamagate": llamagate_identity(),
     }
     with _processes() as procs:
         if "fake" in phases:
@@ -323,3 +279,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0 if all(line.startswith("PASS") for line in verdict) else 1
+
+
+def main() -> int:
+    return cli.run("proxy", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

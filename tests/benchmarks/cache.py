@@ -1,4 +1,5 @@
-"""``llamagate bench cache``: what strict prompt-cache isolation (``tenants[].cache_prompt: false``) costs.
+"""``python -m tests.benchmarks.cache``: what strict prompt-cache isolation costs
+(``tenants[].cache_prompt: false``).
 
 One private daemon (the demo model unless ``--config`` says otherwise), 2 slots, two tenants that differ
 only in ``cache_prompt``. Each round sends the same long prefix (a conversation so far, ``--prefix-words``
@@ -16,7 +17,6 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,12 +24,12 @@ from typing import Any
 
 import httpx
 
-from proxy.auth import new_key
 from supervisor.bench.launcher import deep_merge, read_base_config, start_llamagate
 from supervisor.child.spawn import free_port
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.errors import UsageError
-from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
 
 TENANTS = ("shared", "strict")
 _TEXT = (
@@ -38,29 +38,19 @@ _TEXT = (
 )
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "cache",
-        help="cost of strict prompt-cache isolation (cache_prompt: false) on a long shared prefix",
-        description="Start a private llamagate with two tenants, one with cache_prompt: false, and compare "
-        "their prompt time on the same long prefix with a new turn each round.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="base llamagate config (default: the embedded default)")
     parser.add_argument("--rounds", type=int, default=10, help="rounds, one request per tenant each (10)")
     parser.add_argument("--prefix-words", type=int, default=1000, help="words in the shared prefix (1000)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 def _config(base: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     keys: dict[str, str] = {}
     entries = []
     for tenant in TENANTS:
-        key, entry = new_key(tenant, frozenset({"inference", "admin"}))  # admin: to read the timings
-        keys[tenant] = key
-        entries.append(
-            {"id": entry.key_id, "digest": entry.digest, "tenant": tenant, "scopes": ["admin", "inference"]}
-        )
+        keys[tenant], entry = new_key_config(tenant, ADMIN)  # admin: to read the timings
+        entries.append(entry)
     overrides = {
         "proxy": {"host": "127.0.0.1", "port": free_port()},
         "llama": {"slots": 2, "ctx_per_slot": 4096},
@@ -88,7 +78,7 @@ def _ask(client: httpx.Client, url: str, key: str, prompt: str) -> dict[str, flo
     }
 
 
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.prefix_words < 10:
         raise UsageError("--rounds must be >= 1 and --prefix-words >= 10")
     config, keys = _config(read_base_config(args.config))
@@ -110,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
             launched.stop()
     medians = {t: {k: statistics.median(s[k] for s in samples[t]) for k in samples[t][0]} for t in TENANTS}
     results = {
-        "command": " ".join(["llamagate", "bench", "cache", *sys.argv[3:]]),
+        "command": cli.command_line("cache"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "identity": launched.identity,
         "rounds": args.rounds,
@@ -128,3 +118,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     return 0
+
+
+def main() -> int:
+    return cli.run("cache", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``llamagate bench scrape``: what scraping ``/metrics`` costs the streams being served.
+"""``python -m tests.benchmarks.scrape``: what scraping ``/metrics`` costs the streams being served.
 
 One private daemon (``launcher.start_llamagate``, the demo model unless ``--config`` says otherwise),
 4 slots. Each round runs 4 concurrent streams twice: once alone, once while a scraper reads ``/metrics``
@@ -24,44 +24,35 @@ import contextlib
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.bench import proxycost as pc
 from supervisor.bench.launcher import (
-    Launched,
+    PrivateDaemon,
     deep_merge,
     llamagate_overrides,
     read_base_config,
     start_llamagate,
 )
-from supervisor.bench.rawhttp import Connection, build_request
 from supervisor.errors import UsageError
-from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
+from tests.benchmarks import proxycost as pc
+from tests.benchmarks.rawhttp import Connection, build_request
 
 STREAMS = 4
 TARGET_RATIO = 1.02
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "scrape",
-        help="cost of scraping /metrics every second while 4 streams run (TPOT with/without)",
-        description="Start a private llamagate, run 4 concurrent streams with and without a /metrics "
-        "scraper in alternating rounds, and compare time per output token. Exit 0 when scraping costs "
-        f"less than {(TARGET_RATIO - 1) * 100:.0f} %.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="base llamagate config (default: the embedded default)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds of (with, without) scraping (40)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (1.0)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per stream (128)")
     parser.add_argument("--idle-scrapes", type=int, default=30, help="scrapes of the idle CPU measure (30)")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.set_defaults(func=interruptible(_run))
 
 
 async def _scrape_until(url: str, raw: bytes, interval_s: float, stop: asyncio.Event) -> list[float]:
@@ -97,13 +88,13 @@ async def _block(url: str, stream_raw: bytes, scrape: bytes | None, interval_s: 
     return {"tpot_s": [r.tpot_s for r in results], "scrape_latency_s": latencies}
 
 
-def _cpu(launched: Launched) -> tuple[float, float]:
+def _cpu(launched: PrivateDaemon) -> tuple[float, float]:
     """CPU seconds so far of the daemon and of its llama-server child."""
-    child = launched.server_pid()
+    child = launched.child_pid
     return pc.cpu_seconds(launched.proc.pid), pc.cpu_seconds(child) if child else 0.0
 
 
-async def _idle_cost(launched: Launched, scrape: bytes, n: int) -> dict[str, float]:
+async def _idle_cost(launched: PrivateDaemon, scrape: bytes, n: int) -> dict[str, float]:
     """CPU per scrape with no traffic: a window with ``n`` scrapes minus an equal window without, so
     the daemon's own background work (health probes, timers) cancels out. Scrapes are spaced past the
     1 s cache, so each one is a fresh fetch from llama-server: the worst case."""
@@ -131,7 +122,7 @@ async def _idle_cost(launched: Launched, scrape: bytes, n: int) -> dict[str, flo
     }
 
 
-async def _measure(args: argparse.Namespace, launched: Launched) -> dict[str, Any]:
+async def _measure(args: argparse.Namespace, launched: PrivateDaemon) -> dict[str, Any]:
     url, key = launched.target.base_url, launched.target.api_key or ""
     alias = launched.identity.get("model", {}).get("alias", "gemma-3-270m")
     stream_raw = pc.chat_request(url, key, args.max_tokens, True, model=alias, ignore_eos=True)
@@ -159,12 +150,12 @@ async def _measure(args: argparse.Namespace, launched: Launched) -> dict[str, An
         "tpot_with_ms": statistics.median(r["tpot_with_ms"] for r in rounds),
         "rounds": rounds,
         "scrapes": len(latencies),
-        "scrape_latency_ms": {k: v * 1000 if k != "n" else v for k, v in pc.summary(latencies).items()},
+        "scrape_latency_ms": pc.summary_ms(latencies),
         "idle": await _idle_cost(launched, scrape, args.idle_scrapes),
     }
 
 
-def _run(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.interval <= 0 or args.max_tokens < 2 or args.idle_scrapes < 1:
         raise UsageError("--rounds, --interval, --max-tokens (>= 2) and --idle-scrapes must be positive")
     overrides, key = llamagate_overrides(admit=STREAMS, max_queue=0, queue_timeout_s=30)
@@ -177,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             launched.stop()
     results = {
-        "command": " ".join(["llamagate", "bench", "scrape", *sys.argv[3:]]),
+        "command": cli.command_line("scrape"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "identity": launched.identity,
         **measured,
@@ -191,3 +182,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     return 0 if ok else 1
+
+
+def main() -> int:
+    return cli.run("scrape", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""``llamagate bench proxy --phases fake`` runs end to end (three processes) and reports every figure.
-The targets themselves are not asserted here: a shared CI host says nothing about them."""
+"""``python -m tests.benchmarks.proxy --phases fake`` runs end to end (three processes) and reports every
+figure. The targets themselves are not asserted here: a shared CI host says nothing about them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[3]
+
 
 def test_fake_phase_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "proxy.json"
-    argv = [sys.executable, "-m", "supervisor", "bench", "proxy", "--phases", "fake", "--requests", "100"]
+    argv = [sys.executable, "-m", "tests.benchmarks.proxy", "--phases", "fake", "--requests", "100"]
     argv += ["--duration", "1", "--events", "50", "--streams", "2", "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
     assert proc.returncode in (0, 1) and out.exists(), proc.stderr[-3000:]
     record = json.loads(out.read_text())
     fake = record["fake"]

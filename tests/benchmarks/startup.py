@@ -1,4 +1,4 @@
-"""``llamagate bench startup``: what supervision costs at start and how fast it recovers.
+"""``python -m tests.benchmarks.startup``: what supervision costs at start and how fast it recovers.
 
 In one run, interleaved so both see the same machine load:
 - bare: the same llama-server argv and scrubbed environment, spawned directly, until /health 200;
@@ -25,8 +25,6 @@ import os
 import queue
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,45 +32,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
-
-from proxy.auth import new_key
+from supervisor.bench.launcher import PrivateDaemon
 from supervisor.child.gate import HttpProbes, wait_health_200
-from supervisor.child.spawn import RealOs, free_port, popen_tied
+from supervisor.child.spawn import RealOs, free_port
 from supervisor.commands.config import add_config_argument
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.config.load import config_to_dict, load_config, resolve_config_path
 from supervisor.config.schema import Config
 from supervisor.daemon.prepare import prepare
-from supervisor.interrupts import interruptible
 from supervisor.launch.flags import build_argv, build_env, new_secret
 from supervisor.progress import ConsoleProgress
+from tests.benchmarks import cli
 
 TIMEOUT_S = 300.0
 SERVE_OVER_BARE_TARGET_S = 0.5
 KILL_OVER_LOAD_TARGET_S = 2.0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "startup", help="serve-to-READY vs bare llama-server, and kill -9 recovery"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--runs", type=int, default=5, help="repetitions of each measurement (default 5)")
     parser.add_argument("--out", help="result folder (default bench-results/startup-<time>)")
-    parser.set_defaults(func=interruptible(_handle))
-
-
-def _poll(url: str, ok: Any, deadline_s: float = TIMEOUT_S) -> float:
-    """Seconds (monotonic clock) at which ``ok(response)`` first held; for slow conditions only."""
-    end = time.monotonic() + deadline_s
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < end:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                if ok(client.get(url)):
-                    return time.monotonic()
-            time.sleep(0.2)
-    raise RuntimeError(f"not ready within {deadline_s} s: {url}")
 
 
 async def _bare_once(spec_argv: list[str], port: int, workdir: Path) -> float:
@@ -99,58 +79,35 @@ async def _bare_once(spec_argv: list[str], port: int, workdir: Path) -> float:
         await probes.aclose()
 
 
+def _config(cfg: Config, kills: int = 0) -> tuple[dict[str, Any], str]:
+    """The measured daemon's config (``cfg`` on a free port, JSON logs) and its admin key."""
+    admin_key, entry = new_key_config(cfg.tenants[0].name, ADMIN)
+    raw = config_to_dict(cfg)
+    raw["proxy"]["port"] = free_port()
+    raw["keys"] = [entry]
+    # READY for 1 s counts as stable, so every kill below meets the first (shortest) backoff.
+    raw["supervision"]["stable_after_s"] = 1.0
+    # Deliberate kills are not a crash loop: leave room for all of them within the restart window.
+    raw["supervision"]["max_restarts"] = max(raw["supervision"]["max_restarts"], kills + 1)
+    raw["logging"] = {"format": "json", "level": "INFO", "access_log": False}
+    return raw, admin_key
+
+
 class _Daemon:
-    """``llamagate serve`` as a subprocess whose JSON log lines are read as they come: READY is seen
-    the moment the daemon logs it (the same instant /readyz turns 200), with no polling load on the
-    2 cores the child is loading on."""
+    """A private daemon whose JSON log lines are read as they come (``log_pipe``): READY is seen the
+    moment the daemon logs it (the same instant /readyz turns 200), with no polling load on the 2 cores
+    the child is loading on."""
 
     def __init__(self, cfg: Config, folder: Path, kills: int = 0) -> None:
-        self.port = free_port()
-        self.admin_key, entry = new_key(cfg.tenants[0].name, frozenset({"inference", "admin"}))
-        raw = config_to_dict(cfg)
-        raw["proxy"]["port"] = self.port
-        raw["keys"] = [
-            {
-                "id": entry.key_id,
-                "digest": entry.digest,
-                "tenant": entry.tenant,
-                "scopes": sorted(entry.scopes),
-            }
-        ]
-        # READY for 1 s counts as stable, so every kill below meets the first (shortest) backoff.
-        raw["supervision"]["stable_after_s"] = 1.0
-        # Deliberate kills are not a crash loop: leave room for all of them within the restart window.
-        raw["supervision"]["max_restarts"] = max(raw["supervision"]["max_restarts"], kills + 1)
-        raw["logging"] = {"format": "json", "level": "INFO", "access_log": False}
-        folder.mkdir(parents=True, exist_ok=True)
-        self.config_path = folder / "llamagate.yaml"
-        self.config_path.write_text(yaml.safe_dump(raw))
-        self.config_path.chmod(0o600)
-        self.url = f"http://127.0.0.1:{self.port}"
+        config, key = _config(cfg, kills)
+        self.daemon = PrivateDaemon.start(config, folder, {"admin": key}, log_pipe=True)
         self.records: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
-        self.proc: subprocess.Popen[bytes] | None = None
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def start(self) -> float:
-        argv = [
-            sys.executable,
-            "-m",
-            "supervisor",
-            "--log-format",
-            "json",
-            "serve",
-            "--config",
-            str(self.config_path),
-        ]
-        started = time.monotonic()
-        self.proc = popen_tied(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
-        )
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        return started
-
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
+    def _read(self) -> None:
+        stderr = self.daemon.proc.stderr
+        assert stderr is not None
+        for line in stderr:
             with contextlib.suppress(ValueError):
                 self.records.put((time.monotonic(), json.loads(line)))
         self.records.put((time.monotonic(), {"msg": "<exited>"}))
@@ -168,27 +125,8 @@ class _Daemon:
                 return at, rec
         raise RuntimeError(f"no matching log line within {deadline_s} s")
 
-    def readyz(self) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"{self.url}/readyz", timeout=2.0, trust_env=False).json()
-        return body
-
-    def child_pid(self) -> int:
-        r = httpx.get(
-            f"{self.url}/admin/identity",
-            headers={"Authorization": f"Bearer {self.admin_key}"},
-            trust_env=False,
-        )
-        return int(r.json()["status"]["child_pid"])
-
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.daemon.stop(60)
 
 
 def _is_ready(rec: dict[str, Any], after_generation: int = 0) -> bool:
@@ -197,11 +135,11 @@ def _is_ready(rec: dict[str, Any], after_generation: int = 0) -> bool:
 
 def _serve_once(cfg: Config, folder: Path) -> dict[str, float]:
     daemon = _Daemon(cfg, folder)
-    started = daemon.start()
+    started = daemon.daemon.started_at
     try:
         spawned, _ = daemon.wait_log(lambda rec: rec.get("msg") == "starting llama-server")
         ready, rec = daemon.wait_log(_is_ready)
-        body = daemon.readyz()
+        _, body = daemon.daemon.readyz()
         if not body.get("ready"):
             raise RuntimeError(f"logged READY but /readyz says {body}")
     finally:
@@ -211,15 +149,17 @@ def _serve_once(cfg: Config, folder: Path) -> dict[str, float]:
 
 def _kill_runs(cfg: Config, folder: Path, runs: int) -> list[dict[str, float]]:
     daemon = _Daemon(cfg, folder, kills=runs)
-    daemon.start()
     out = []
     try:
         daemon.wait_log(_is_ready)
         for _ in range(runs):
             # Wait (polling, with a deadline) until the child counts as stable again.
-            _poll(f"{daemon.url}/readyz", lambda r: (r.json().get("ready_for_s") or 0) >= 1.2)
-            generation = daemon.readyz()["generation"]
-            pid = daemon.child_pid()
+            body = daemon.daemon.wait_for(
+                lambda _, body: (body.get("ready_for_s") or 0) >= 1.2, "a stable child", TIMEOUT_S
+            )
+            generation = body["generation"]
+            pid = daemon.daemon.child_pid
+            assert pid is not None
             killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             back, rec = daemon.wait_log(lambda r, g=generation: _is_ready(r, g))
@@ -233,7 +173,7 @@ def _dist(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def _handle(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int:
     cfg = load_config(resolve_config_path(args.config))
     prepared = prepare(cfg, progress=ConsoleProgress())  # builds/fetches on first use; warms the hash cache
     out = Path(args.out or f"bench-results/startup-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -278,7 +218,7 @@ def _summarize(
     return {
         "schema": "llamagate.bench.startup/1",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["llamagate", *sys.argv[1:]]),
+        "command": cli.command_line("startup"),
         "bare_spawn_to_health_s": bare_d,
         "serve_start_to_ready_s": total,
         "serve_start_to_child_spawn_s": _dist([s["to_spawn_s"] for s in serve]),
@@ -344,3 +284,11 @@ def _markdown(r: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def main() -> int:
+    return cli.run("startup", __doc__, add_arguments, handle)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,7 +13,7 @@ forwards bodies untouched), so a test can ask one request to misbehave:
 It counts what a test wants to observe: requests in progress (and the maximum seen), requests whose
 client went away, and the headers of the last request.
 
-Run standalone: ``python -m supervisor.bench.fake_llama --port N [--secret S] [--token-interval-ms X]``.
+Run standalone: ``python -m tests.fakes.fake_llama --port N [--secret S] [--token-interval-ms X]``.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ async def _main(args: argparse.Namespace) -> None:
         slots=args.slots,
     )
     port = await fake.start(port=args.port)
-    print(f"listening on http://127.0.0.1:{port}", flush=True)  # noqa: T201 - the parent reads this line
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
     await asyncio.Event().wait()
 
 

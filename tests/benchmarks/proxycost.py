@@ -1,9 +1,10 @@
-"""Measurements behind ``llamagate bench proxy``: each one a function of base URLs and prepared requests,
-run from the benchmark's own process (never inside the proxy's), over the lean client in ``rawhttp``.
+"""Measurements behind ``python -m tests.benchmarks.proxy``: each one a function of base URLs and prepared
+requests, run from the benchmark's own process (never inside the proxy's), over the lean client in
+``rawhttp``.
 
 - ``latencies``: sequential requests on one keep-alive connection (concurrency 1).
 - ``throughput``: N connections in a closed loop for a fixed time.
-- ``streams``: N concurrent streamed requests, each timed per event (TTFT, TPOT, status, Retry-After).
+- ``streams``: N concurrent streamed requests, each timed per event by the harness's stream timer.
 - ``cpu_seconds``: user+system CPU of a process, read before and after a phase (psutil).
 """
 
@@ -11,22 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import psutil
 
-from supervisor.bench.rawhttp import Connection, build_request
+from supervisor.bench import stats
+from supervisor.bench.client import Exchange, time_reply
+from supervisor.bench.stats import distribution
 from supervisor.errors import CheckFailed
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+from tests.benchmarks.rawhttp import Connection, build_request
 
 
 def cpu_seconds(pid: int) -> float:
@@ -83,47 +80,50 @@ async def throughput(url: str, raw: bytes, concurrency: int, duration_s: float) 
     return done, time.monotonic() - started, failed
 
 
-@dataclass
-class StreamResult:
-    status: int
-    latency_s: float  # send to last byte (for a refusal: to the answer)
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    tokens: int = 0
-    chunks: int = 0
-    retry_after: str | None = None
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed request, read by the harness's stream timer (``client.time_reply``)."""
+
+    ex: Exchange
+    chunks: int  # HTTP chunks of the body: one per SSE event as llama-server and the proxy write them
+
+    @property
+    def status(self) -> int:
+        return self.ex.status or 0
+
+    @property
+    def latency_s(self) -> float:
+        """Send to the end of the answer (for a refusal: to the refusal)."""
+        return (self.ex.t_end or 0.0) - (self.ex.t_send or 0.0)
+
+    @property
+    def ttft_s(self) -> float | None:
+        ttft = stats.ttft_ms(self.ex.t_send or 0.0, self.ex.t_first_content)
+        return None if ttft is None else ttft / 1000.0
+
+    @property
+    def tpot_s(self) -> float | None:
+        """The mean gap between streamed tokens after the first (from their arrival times alone: a
+        non-admin key's answers carry no token counts)."""
+        ex = self.ex
+        tpot = stats.tpot_ms(ex.t_first_content, ex.t_last_content, ex.content_events)
+        return None if tpot is None or ex.outcome != "ok" else tpot / 1000.0
 
 
-async def one_stream(url: str, raw: bytes) -> StreamResult:
+async def one_stream(url: str, raw: bytes) -> Streamed:
     conn = await Connection.open(url)
     try:
-        reply = await conn.send(raw)
+        r = await conn.send(raw)
     finally:
         await conn.close()
-    result = StreamResult(
-        reply.status, reply.done_at - reply.sent_at, retry_after=reply.headers.get("retry-after")
-    )
-    token_times = [
-        t for t, data in reply.chunks for _ in range(data.count(b'"content":"') - data.count(b'"content":""'))
-    ]
-    result.chunks = len(reply.chunks)
-    result.tokens = len(token_times)
-    if token_times:
-        result.ttft_s = token_times[0] - reply.sent_at
-    if len(token_times) > 1:
-        result.tpot_s = (token_times[-1] - token_times[0]) / (len(token_times) - 1)
-    return result
+    ex = time_reply(r.status, r.headers.get("retry-after"), r.body, r.chunks, r.sent_at, r.done_at)
+    return Streamed(ex, len(r.chunks))
 
 
-async def streams(url: str, raw: bytes, concurrency: int) -> list[StreamResult]:
+async def streams(url: str, raw: bytes, concurrency: int) -> list[Streamed]:
     return list(await asyncio.gather(*(one_stream(url, raw) for _ in range(concurrency))))
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "mean": statistics.fmean(values) if values else float("nan"),
-    }
+def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
+    """n, p50/p95/p99 (the harness's one percentile definition), mean, min and max, in milliseconds."""
+    return asdict(distribution([s * 1000.0 for s in seconds]))

@@ -1,10 +1,10 @@
-"""The proxy alone in its own process, in front of a fixed upstream: what ``llamagate bench proxy`` measures.
+"""The proxy alone in its own process, in front of a fixed upstream: what ``tests.benchmarks.proxy`` measures.
 
 It runs the same ``create_app`` and the same uvicorn settings as the daemon, minus the supervisor (the
 upstream is given: a fake or a llama-server the benchmark started), so the process's CPU time is the
 proxy's and nothing else's. The one key's id and digest come from the command line (never the key).
 
-``python -m supervisor.bench.proxy_server --upstream URL --port N --key-id ID --key-digest D ...``
+``python -m tests.benchmarks.proxy_server --upstream URL --port N --key-id ID --key-digest D ...``
 prints ``listening on http://127.0.0.1:PORT`` once it accepts connections.
 """
 
@@ -82,7 +82,7 @@ async def _serve(args: argparse.Namespace) -> None:
             task.result()
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"listening on http://127.0.0.1:{port}", flush=True)  # noqa: T201 - the parent reads this line
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
     await task
 
 
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     # Access lines are formatted and written as in the daemon (JSON lines), to a file instead of a terminal.
     logs.setup("json", "INFO")
-    with open(args.log_file, "a", encoding="utf-8") as sink:  # noqa: PTH123
+    with open(args.log_file, "a", encoding="utf-8") as sink:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
                 handler.setStream(sink)
