@@ -35,8 +35,9 @@ async def send_json(
     await send_bytes(send, status, content, b"application/json", headers)
 
 
-def error_message(exc: ProxyError) -> tuple[Message, Message]:
-    body = exc.body()
+def error_message(exc: ProxyError, body: bytes | None = None) -> tuple[Message, Message]:
+    """The answer to ``exc``: its status and headers, its OpenAI-shaped body unless given another."""
+    body = exc.body() if body is None else body
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
     return (

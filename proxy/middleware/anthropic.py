@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.asgi.responses import error_message
 from proxy.errors import ProxyError
 from proxy.streams.anthropic import error_json
 
@@ -32,8 +33,6 @@ class AnthropicRoute:
             if ctx.response_started:
                 raise
             ctx.outcome = exc.outcome
-            body = error_json(exc.status, exc.message)
-            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-            headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
-            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            start, body = error_message(exc, error_json(exc.status, exc.message))
+            await send(start)
+            await send(body)

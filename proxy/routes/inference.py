@@ -34,7 +34,7 @@ from proxy.asgi import body as bodies
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
-from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
 from proxy.routes.table import RouteSpec
 from proxy.settings import TenantSettings
@@ -95,7 +95,8 @@ class Inference:
         lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
         try:
             await state.router.load(lane, receive)
-            snap = snap or lane.ready_snapshot()  # after a load: the loaded child
+            if snap is None:
+                snap = lane.ready_snapshot()  # after a load: the loaded child
             await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive)
         finally:
             lane.track_active(-1)
@@ -280,6 +281,6 @@ async def _ask(
         return {}
     try:
         answer = bodies.parse_object(content)
-    except Exception:
+    except BadRequest:
         return {}
     return answer

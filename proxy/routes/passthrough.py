@@ -73,7 +73,9 @@ class Passthrough:
             if post:
                 lane.touch()  # as llama-server's router: only POSTs count as use, not monitoring GETs
                 await router.load(lane, receive)
-            return await self._relay(snap or self._running(lane), scope, receive, ctx, raw)
+            if snap is None:
+                snap = self._running(lane)  # after a load: the loaded child
+            return await self._relay(snap, scope, receive, ctx, raw)
         finally:
             lane.track_active(-1)
 

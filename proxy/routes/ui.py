@@ -1,8 +1,8 @@
 """The page for people: a status view and a chat playground, as static files served at ``/ui/``.
 
-The files live in ``proxy/static`` (shipped as package data, no build step, nothing fetched from any other
-host). They need no key: every figure the page shows comes from the API, with the key the person enters
-(the page keeps it in ``sessionStorage`` and sends it only in ``Authorization``).
+The files live in ``proxy/routes/static`` (shipped as package data, no build step, nothing fetched from
+any other host). They need no key: every figure the page shows comes from the API, with the key the
+person enters (the page keeps it in ``sessionStorage`` and sends it only in ``Authorization``).
 
 Path traversal cannot happen by construction: the files are read once, when the app is built, and each
 becomes one exact route (``/ui/app.js``, ...). A path that is not one of them, ``/ui/../pyproject.toml``
