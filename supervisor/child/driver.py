@@ -264,22 +264,26 @@ class ChildSupervisor:
 
     def _load_view(self) -> dict[str, Any]:
         """progress (0..1, 1 once loaded), load_eta_s and load_step for the snapshot."""
-        if self.machine.state in (State.READY, State.UNHEALTHY):
+        state = self.machine.state
+        if state in (State.READY, State.UNHEALTHY):
             return {"progress": 1.0, "load_eta_s": None, "load_step": None}
-        load = self._loading()
-        if load is None and self.machine.state is State.STARTING:
-            # Decided, not spawned yet (the spawn is being awaited): the load is at its start.
-            estimate = self.load_estimate_s()
-            eta: float | None = round(estimate, 1) if estimate is not None else None
-            return {"progress": 0.0, "load_eta_s": eta, "load_step": "health"}
-        if load is None:
+        if state is not State.STARTING:
             return {"progress": None, "load_eta_s": None, "load_step": None}
-        left = load.eta_s(self.os.now())
+        load = self._loading()
+        left = self._load_eta(self.os.now())
         return {
-            "progress": round(load.fraction, 4),
+            # No record yet: decided, not spawned (the spawn is being awaited), so nothing is done.
+            "progress": round(load.fraction, 4) if load is not None else 0.0,
             "load_eta_s": round(left, 1) if left is not None else None,
-            "load_step": load.step,
+            "load_step": load.step if load is not None else "health",
         }
+
+    def _load_eta(self, now: float) -> float | None:
+        """Seconds left of the load in progress, from the previous load of the same file."""
+        load = self._loading()
+        if load is not None:
+            return load.eta_s(now)
+        return self.load_estimate_s() if self.machine.state is State.STARTING else None
 
     def load_estimate_s(self) -> float | None:
         """How long the next load of the configured model file should take (its previous load's time);
@@ -303,11 +307,10 @@ class ChildSupervisor:
             return None  # no retry is scheduled: the answer says how to recover instead
         if m.state is State.READY and not self.draining:
             return 0.0
-        loading = self._loading()
-        if loading is not None and (eta := loading.eta_s(now)) is not None:
+        if (eta := self._load_eta(now)) is not None:
             return max(1.0, eta)  # the previous load of the same file says how long this one takes
-        # The next (or a not yet spawned) load is of the configured file; else the last load of any file.
-        load = self.load_estimate_s() if m.state in (State.BACKOFF, State.STARTING) else None
+        # BACKOFF: the next load is of the configured file; otherwise the last load of any file.
+        load = self.load_estimate_s() if m.state is State.BACKOFF else None
         if load is None:
             load = self.load_seconds if self.load_seconds is not None else 5.0
         if m.state is State.STARTING:

@@ -1,4 +1,4 @@
-"""How far a child's model load has come, and how long it should take: what /readyz and the page show.
+"""How far a child's model load has come and how long it should take, for its snapshot (/readyz, the page).
 
 One load (spawn to READY) goes from 0 to 1 and never back:
 
