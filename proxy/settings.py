@@ -6,10 +6,33 @@ its path); these classes only hold values that are already valid.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 Scope = Literal["inference", "admin"]
+
+# Priority levels by name (``tenants[].priority``); any integer in [MIN_PRIORITY, MAX_PRIORITY] works too.
+# Higher goes first when slots are scarce; waiting raises a request's priority (``proxy.admission``).
+PRIORITY_LEVELS: Mapping[str, int] = MappingProxyType({"interactive": 10, "default": 5, "batch": 0})
+DEFAULT_PRIORITY = PRIORITY_LEVELS["default"]
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
+
+
+def parse_priority(raw: object) -> int:
+    """A priority from a level name or an integer (or its decimal text, e.g. a header); ValueError
+    naming the choices otherwise. Shared by the config loader and the request path."""
+    value: object = raw
+    if isinstance(raw, str):
+        text = raw.strip()
+        value = PRIORITY_LEVELS.get(text.lower(), text)
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and MIN_PRIORITY <= value <= MAX_PRIORITY:
+        return value
+    names = ", ".join(f"{name} ({level})" for name, level in PRIORITY_LEVELS.items())
+    raise ValueError(f"must be {names} or an integer {MIN_PRIORITY}-{MAX_PRIORITY} (got {raw!r})")
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,8 @@ class TenantSettings:
     queue_timeout_s: float = 30.0
     # Share of freed slots when several tenants wait (weighted fair turn-taking).
     weight: int = 1
+    # Goes before the weights when slots are scarce (higher first, with aging: ``proxy.admission``).
+    priority: int = DEFAULT_PRIORITY
     # Optional cap applied to max_tokens / max_completion_tokens (None: no cap).
     max_tokens: int | None = None
     # Refuse prompts that cannot fit the per-slot context before they take a slot.

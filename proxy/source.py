@@ -41,6 +41,12 @@ class UpstreamSnapshot:
     # Extra non-secret status fields shown verbatim on /readyz (e.g. uptime_s, restarts, last_failure).
     # Never put a secret, a path with a secret or a key here: /readyz needs no credentials.
     info: Mapping[str, object] = field(default_factory=dict)
+    # The model load: 0..1 while the child loads (never decreasing within one load), 1.0 once it is
+    # loaded (READY, UNHEALTHY), None otherwise; the gate's step while loading ("health": reading the
+    # model, "models", "decode"); seconds left by the previous load of the same file (None: no estimate).
+    progress: float | None = None
+    load_step: str | None = None
+    load_eta_s: float | None = None
 
 
 class UpstreamSource(Protocol):

@@ -2,7 +2,8 @@
 
 Two limits hold at every instant: at most ``capacity`` slots in total (the child's slot count, so the
 child never queues behind our back) and at most ``max_concurrency`` slots per tenant. A request that
-cannot start waits in its tenant's bounded FIFO queue (``max_queue``) for at most ``queue_timeout_s``.
+cannot start waits in its tenant's bounded queue (``max_queue``) for at most ``queue_timeout_s`` (or
+less: ``acquire(max_wait_s=...)``, a request's own limit).
 
 A permit is for ``slots`` slots at once (``n`` completions or an array of prompts occupy that many in
 llama-server; ``proxy.admission.cost`` counts them). It is granted whole or not at all: a request never
@@ -13,12 +14,29 @@ each grant advances a tenant's pass by ``1 / weight``), so over any busy period 
 in proportion to their weights and one tenant's burst cannot starve another. A tenant that becomes
 backlogged starts at the current virtual time, so idling earns no credit to burst with later.
 
-Invariant kept by ``_dispatch`` after every change: no waiter is eligible (its request fits under its
-tenant's limit) while the global capacity it needs is free. When the next eligible waiter needs more
-slots than are free, dispatch stops there (head-of-line) instead of letting narrower requests of other
-tenants pass it: otherwise a stream of one-slot requests would starve a two-slot one forever. The fast
-path (grant at once when the tenant has no queue) therefore also requires that no eligible waiter exists:
-it can never overtake one.
+Priorities come before the fair share, with aging. A request has its tenant's ``priority`` (or a lower
+one it asks for, never a higher one); waiting raises it by one level per ``AGING_S_PER_LEVEL`` seconds.
+One rate for everyone means two waiting requests never swap places as they age, so the gate orders
+them by *virtual arrival*, ``arrived - priority * AGING_S_PER_LEVEL`` (a priority is a head start of
+that many seconds), without reading the clock; on a tie, the one that arrived first. The next request
+is the ready head (its tenant is under its limit) that comes first in that order; the fair share then
+picks, among the ready heads of its priority, the tenant with the lowest pass, leaving out any head
+that a head of another priority comes before. With one priority this is exactly the stride scheduler
+above. A tenant's own queue is in the same order, so its lowered requests let its other ones pass.
+
+The bound that follows: a request of another priority is admitted before a waiting (ready) request only
+if it comes before it in that order. So a request of priority ``p`` is overtaken by a request of a
+higher priority ``q`` only if that one arrived less than ``(q - p) * AGING_S_PER_LEVEL`` seconds after
+it: after that long (10 s for ``batch`` behind ``interactive``), higher-priority newcomers queue behind
+it, and it waits only for what was already queued ahead of it and for its turn within its priority.
+
+Invariant kept by ``_dispatch`` after every change: the next request (by the rules above) is never
+eligible (its request fits under its tenant's limit) while the global capacity it needs is free. When it
+needs more slots than are free, dispatch stops there (head-of-line) instead of letting narrower requests
+pass it: otherwise a stream of one-slot requests would starve a two-slot one forever. The fast path
+(grant at once when the tenant has no queue) therefore also requires that no eligible waiter exists:
+it can never overtake one; a request that queues is offered to ``_dispatch`` at once (a higher priority
+may take a slot a wide lower-priority request is waiting to fill).
 
 Permits are released exactly once, on every path: ``Permit.release`` is idempotent, and a waiter that is
 cancelled or times out in the same loop turn its permit was granted gives that permit back. Permits point
@@ -36,15 +54,17 @@ Pure asyncio, no sockets, no I/O: unit-tested directly.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import math
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from proxy.admission.idle import IdleWaiters
 from proxy.errors import Forbidden, Rejected
-from proxy.settings import TenantSettings
+from proxy.settings import DEFAULT_PRIORITY, TenantSettings
 
 _log = logging.getLogger("llamagate.proxy")
 
@@ -52,22 +72,37 @@ _log = logging.getLogger("llamagate.proxy")
 _EWMA_ALPHA = 0.2
 # With no completed request yet, assume this much service time (s) per request for Retry-After.
 _DEFAULT_SERVICE_S = 1.0
+# Seconds of waiting that raise a queued request's priority by one level (the aging rate). The named
+# levels are 10 apart (``proxy.settings.PRIORITY_LEVELS``), so a batch request is overtaken by
+# interactive newcomers for at most 10 s and by default ones for 5 s: short of the default 30 s
+# queue_timeout_s, so aging shows before the deadline does, and long enough that interactive requests
+# arriving in a burst all go first.
+AGING_S_PER_LEVEL = 1.0
+_LAST = (math.inf, 0)  # after every waiter's order
 
 
 class Permit:
     """The right to occupy ``slots`` slots. ``release`` may be called any number of times; only the first
     counts."""
 
-    __slots__ = ("_ctl", "_tenant", "granted_at", "queue_wait_s", "released", "slots")
+    __slots__ = ("_ctl", "_tenant", "granted_at", "priority", "queue_wait_s", "released", "slots")
 
     def __init__(
-        self, ctl: Admission, tenant: _Tenant, granted_at: float, queue_wait_s: float, slots: int = 1
+        self,
+        ctl: Admission,
+        tenant: _Tenant,
+        granted_at: float,
+        queue_wait_s: float,
+        slots: int = 1,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         self._ctl = ctl
         self._tenant = tenant
         self.granted_at = granted_at
         self.queue_wait_s = queue_wait_s
         self.slots = slots
+        # The request's own priority (its tenant's, or lower), not the aged one.
+        self.priority = priority
         self.released = False
 
     def release(self, linger_s: float = 0.0, confirm: Callable[[], Awaitable[object]] | None = None) -> None:
@@ -75,7 +110,7 @@ class Permit:
         then until ``confirm()`` returns when given."""
         if not self.released:
             self.released = True
-            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots, confirm)
+            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots, confirm, self.priority)
 
 
 @dataclass(eq=False, slots=True)
@@ -83,6 +118,14 @@ class _Waiter:
     future: asyncio.Future[Permit]
     enqueued_at: float
     slots: int = 1
+    priority: int = DEFAULT_PRIORITY
+    # Virtual arrival (see the module docstring) and arrival order: the queue order, across tenants too.
+    key: float = 0.0
+    seq: int = 0
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return self.key, self.seq
 
 
 class _Tenant:
@@ -92,7 +135,7 @@ class _Tenant:
         self.name = settings.name
         self.settings = settings
         self.in_flight = 0
-        self.waiters: deque[_Waiter] = deque()
+        self.waiters: list[_Waiter] = []  # kept sorted by ``_Waiter.order``; short (max_queue)
         self.pass_ = 0.0
         # Order of becoming backlogged: breaks ties between equal passes first-come first-served.
         self.backlog_seq = 0
@@ -116,14 +159,27 @@ class TenantLoad:
     queued: int
 
 
+@dataclass(frozen=True, slots=True)
+class PriorityLoad:
+    """Slots held by requests of one priority (the request's own, not aged) and requests waiting."""
+
+    priority: int
+    in_flight: int
+    queued: int
+
+
 class Admission:
     def __init__(
         self,
         tenants: Iterable[TenantSettings],
         capacity: int,
         clock: Callable[[], float] = time.monotonic,
+        aging_s_per_level: float = AGING_S_PER_LEVEL,
     ) -> None:
         self._clock = clock
+        self._aging_s = aging_s_per_level
+        self._seq = 0
+        self._held_by_priority: Counter[int] = Counter()
         self._capacity = capacity
         self._tenants: dict[str, _Tenant] = {}
         self._backlogged: set[_Tenant] = set()
@@ -165,6 +221,17 @@ class Admission:
         for t in self._tenants.values():
             yield TenantLoad(t.name, t.in_flight, len(t.waiters))
 
+    def priority_loads(self) -> list[PriorityLoad]:
+        """Per priority, highest first: every configured tenant's priority (zeros included, so a metric
+        keeps its series) and any lower one that requests asked for. Lingering slots are not counted."""
+        queued: Counter[int] = Counter()
+        for t in self._tenants.values():
+            queued.update(w.priority for w in t.waiters)
+        levels = {t.settings.priority for t in self._tenants.values() if not t.retired}
+        levels.update(p for p, n in self._held_by_priority.items() if n)
+        levels.update(queued)
+        return [PriorityLoad(p, self._held_by_priority[p], queued[p]) for p in sorted(levels, reverse=True)]
+
     # --- changes from outside ------------------------------------------------------------------------------
     def set_capacity(self, capacity: int) -> None:
         """Follow the child's slot count (it may change on restart). Shrinking never revokes a permit."""
@@ -173,7 +240,8 @@ class Admission:
 
     def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
         """Swap tenant limits in (SIGHUP). In-flight and queued requests of a removed tenant finish under
-        its last limits; its state is dropped once it holds nothing."""
+        its last limits; its state is dropped once it holds nothing. A changed priority applies to the
+        requests that arrive after the reload (queued ones keep their place)."""
         new = {t.name: t for t in tenants}
         for name, state in list(self._tenants.items()):
             if name in new:
@@ -188,21 +256,35 @@ class Admission:
         self._dispatch()
 
     # --- the request path --------------------------------------------------------------------------------
-    async def acquire(self, tenant: str, slots: int = 1) -> Permit:
+    async def acquire(
+        self,
+        tenant: str,
+        slots: int = 1,
+        *,
+        priority: int | None = None,
+        max_wait_s: float | None = None,
+    ) -> Permit:
         """A permit for ``slots`` slots of ``tenant``, at once or after a fair wait; ``Rejected`` (429) when
         its queue is full or the wait reaches ``queue_timeout_s``. The caller refuses (400) a request wider
         than the tenant's limit or the child's slots first (``proxy.admission.cost``): such a request could
-        only wait for its deadline here."""
+        only wait for its deadline here.
+
+        ``priority``: the request's own, clamped to its tenant's (a request may lower its priority, never
+        raise it); None: the tenant's. ``max_wait_s``: the request's own longest wait, capped by the
+        tenant's ``queue_timeout_s``; 0 means "now or never"."""
         t = self._tenants.get(tenant)
         if t is None or t.retired:
             raise Forbidden(f"tenant '{tenant}' is not configured")
+        if max_wait_s is not None and not (max_wait_s >= 0 and math.isfinite(max_wait_s)):
+            raise ValueError(f"max_wait_s must be a finite number >= 0, not {max_wait_s!r}")
+        level = t.settings.priority if priority is None else min(priority, t.settings.priority)
         if (
             not t.waiters
             and t.in_flight + slots <= t.settings.max_concurrency
             and self._in_flight + slots <= self._capacity
             and not self._eligible_waiter()
         ):
-            return self._grant(t, 0.0, slots)
+            return self._grant(t, 0.0, slots, level)
         if len(t.waiters) >= t.settings.max_queue:
             raise Rejected(
                 "queue_full",
@@ -210,25 +292,45 @@ class Admission:
                 f"tenant '{tenant}' is at its limit of {t.settings.max_concurrency} concurrent requests "
                 f"and {t.settings.max_queue} queued; retry later",
             )
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), self._clock(), slots)
+        now = self._clock()
+        self._seq += 1
+        waiter = _Waiter(
+            asyncio.get_running_loop().create_future(),
+            now,
+            slots,
+            level,
+            key=now - level * self._aging_s,
+            seq=self._seq,
+        )
         if not t.waiters:
             self._backlogged.add(t)
             self._backlog_seq += 1
             t.backlog_seq = self._backlog_seq
             # Start at the current virtual time: no credit for idling, no penalty for past fast grants.
             t.pass_ = max(self._vtime, min(t.pass_, self._vtime + t.stride))
-        t.waiters.append(waiter)
+        bisect.insort(t.waiters, waiter, key=lambda w: w.order)
         self._queued += 1
+        self._dispatch()  # a higher priority may be next at once (a slot left free for a wide request)
+        timeout_s = (
+            t.settings.queue_timeout_s if max_wait_s is None else min(max_wait_s, t.settings.queue_timeout_s)
+        )
         try:
-            async with asyncio.timeout(t.settings.queue_timeout_s):
+            if waiter.future.done():
+                return waiter.future.result()
+            if timeout_s <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(timeout_s):
                 return await waiter.future
         except BaseException as exc:
             self._abandon(t, waiter)
             if isinstance(exc, TimeoutError):
+                own = timeout_s < t.settings.queue_timeout_s
                 raise Rejected(
                     "queue_timeout",
                     self._estimate_wait(t, len(t.waiters)),
-                    f"tenant '{tenant}' waited {t.settings.queue_timeout_s:g} s for a free slot; retry later",
+                    f"tenant '{tenant}' waited {timeout_s:g} s for a free slot"
+                    + (" (the request's own maximum wait)" if own else "")
+                    + "; retry later",
                 ) from None
             raise
 
@@ -239,11 +341,12 @@ class Admission:
         return await self._idle.wait(timeout_s)
 
     # --- internals ---------------------------------------------------------------------------------------
-    def _grant(self, t: _Tenant, queue_wait_s: float, slots: int = 1) -> Permit:
+    def _grant(self, t: _Tenant, queue_wait_s: float, slots: int, priority: int) -> Permit:
         t.in_flight += slots
         self._in_flight += slots
+        self._held_by_priority[priority] += slots
         t.pass_ += t.stride
-        return Permit(self, t, self._clock(), queue_wait_s, slots)
+        return Permit(self, t, self._clock(), queue_wait_s, slots, priority)
 
     def _ready(self, t: _Tenant) -> bool:
         """``t``'s next request fits under its limit and could fit the gate (a request wider than a shrunk
@@ -261,8 +364,10 @@ class Admission:
         linger_s: float = 0.0,
         slots: int = 1,
         confirm: Callable[[], Awaitable[object]] | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         t.in_flight -= slots
+        self._held_by_priority[priority] -= slots
         if linger_s > 0:
             self._lingering += slots
             if confirm is None:
@@ -317,19 +422,27 @@ class Admission:
         self._dispatch()  # it may have been the wide request the others were waiting behind
         self._check_idle()
 
+    def _next(self) -> _Tenant | None:
+        """The tenant whose head request goes next (see the module docstring), or None."""
+        # Few tenants, and only while some are backlogged: the loops are short.
+        ready = [t for t in self._backlogged if self._ready(t)]
+        if not ready:
+            return None
+        # Earliest virtual arrival first; on a tie, the one that arrived first.
+        first = min(ready, key=lambda t: t.waiters[0].order)
+        level = first.waiters[0].priority
+        ahead = min((t.waiters[0].order for t in ready if t.waiters[0].priority != level), default=_LAST)
+        fair = [t for t in ready if t.waiters[0].priority == level and t.waiters[0].order < ahead]
+        return min(fair, key=lambda t: (t.pass_, t.backlog_seq))
+
     def _dispatch(self) -> None:
         while self._in_flight < self._capacity and self._backlogged:
-            best: _Tenant | None = None
-            for t in self._backlogged:
-                if self._ready(t) and (
-                    best is None or (t.pass_, t.backlog_seq) < (best.pass_, best.backlog_seq)
-                ):
-                    best = t
+            best = self._next()
             if best is None:
                 break
             if self._in_flight + best.waiters[0].slots > self._capacity:
                 break  # head-of-line: the slots freed next are this request's (see the module docstring)
-            waiter = best.waiters.popleft()
+            waiter = best.waiters.pop(0)
             self._queued -= 1
             if not best.waiters:
                 self._backlogged.discard(best)
@@ -338,7 +451,9 @@ class Admission:
                 continue
             self._vtime = best.pass_
             now = self._clock()
-            waiter.future.set_result(self._grant(best, now - waiter.enqueued_at, waiter.slots))
+            waiter.future.set_result(
+                self._grant(best, now - waiter.enqueued_at, waiter.slots, waiter.priority)
+            )
         self._check_idle()
 
     def _estimate_wait(self, t: _Tenant, ahead: int) -> float:

@@ -13,7 +13,9 @@ known, so the daemon applies the rest of a reload only with the settings that ar
 
 Also the object the proxy reads (``UpstreamSource``: ``snapshot()``, ``identity()``) and the one
 metrics read (``state``, ``machine.restarts``, ``machine.failures``, ``load_seconds``,
-``child_rss_bytes()``, ``child_cpu_seconds()``, ``budget``).
+``child_rss_bytes()``, ``child_cpu_seconds()``, ``budget``). While a child loads, its snapshot
+carries the load's progress, step and remaining time (``supervisor.child.loading``), sampled from the
+child on this loop, and its ``retry_after_s`` comes from the previous load of the same model file.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from proxy.source import UpstreamSnapshot
 from supervisor.child.gate import readiness_gate
+from supervisor.child.loading import LOAD_SAMPLE_S, LoadProgress, LoadTimes
 from supervisor.child.log import LineFilter, first_error, is_error, is_noise
 from supervisor.child.machine import (
     Action,
@@ -124,6 +127,7 @@ class _Child:
     killed_by_us: bool = False
     returncode: int | None = None
     progress: tuple[float, float, int] | None = None  # (when, CPU seconds, bytes read)
+    load: LoadProgress | None = None
     output_seen: asyncio.Event = field(default_factory=asyncio.Event)
     scrub: LineFilter = field(default_factory=LineFilter)
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -147,6 +151,7 @@ class ChildSupervisor:
         identity: Mapping[str, object] | None = None,
         tail_lines: int = 30,
         model: str | None = None,
+        load_times: LoadTimes | None = None,
     ) -> None:
         self.template = template
         # ``model``: the served model's name (several models); every record of this child carries it.
@@ -165,6 +170,9 @@ class ChildSupervisor:
         self.draining = False
         self.budget: Mapping[str, object] | None = None
         self.load_seconds: float | None = None
+        # How long loads of each model file took. Pass one shared store to every supervisor the daemon
+        # builds (an on-demand model gets a fresh supervisor per load), with a file to outlive restarts.
+        self.load_times = load_times if load_times is not None else LoadTimes()
         self.started_at = os.now()
         self.ready_since: float | None = None
         self.tail: deque[str] = deque(maxlen=tail_lines)
@@ -247,7 +255,46 @@ class ChildSupervisor:
             embeddings=spec.embeddings,
             reranking=spec.reranking,
             info=self._public_status(),
+            **self._load_view(),
         )
+
+    def _loading(self) -> LoadProgress | None:
+        child = self._child
+        if (
+            self.machine.state is not State.STARTING
+            or child is None
+            or child.generation != self.machine.generation
+        ):
+            return None
+        return child.load
+
+    def _load_view(self) -> dict[str, Any]:
+        """progress (0..1, 1 once loaded), load_eta_s and load_step for the snapshot."""
+        state = self.machine.state
+        if state in (State.READY, State.UNHEALTHY):
+            return {"progress": 1.0, "load_eta_s": None, "load_step": None}
+        if state is not State.STARTING:
+            return {"progress": None, "load_eta_s": None, "load_step": None}
+        load = self._loading()
+        left = self._load_eta(self.os.now())
+        return {
+            # No record yet: decided, not spawned (the spawn is being awaited), so nothing is done.
+            "progress": round(load.fraction, 4) if load is not None else 0.0,
+            "load_eta_s": round(left, 1) if left is not None else None,
+            "load_step": load.step if load is not None else "health",
+        }
+
+    def _load_eta(self, now: float) -> float | None:
+        """Seconds left of the load in progress, from the previous load of the same file."""
+        load = self._loading()
+        if load is not None:
+            return load.eta_s(now)
+        return self.load_estimate_s() if self.machine.state is State.STARTING else None
+
+    def load_estimate_s(self) -> float | None:
+        """How long the next load of the configured model file should take (its previous load's time);
+        None when it was never loaded (or the file changed since)."""
+        return self.load_times.get(self.os.file_stamp(self.template.model))
 
     def _public_status(self) -> dict[str, object]:
         """The part of ``status()`` that /readyz shows without credentials (no pid, no paths)."""
@@ -264,9 +311,14 @@ class ChildSupervisor:
         m, now = self.machine, self.os.now()
         if m.state is State.FAILED:
             return None  # no retry is scheduled: the answer says how to recover instead
-        load = self.load_seconds if self.load_seconds is not None else 5.0
         if m.state is State.READY and not self.draining:
             return 0.0
+        if (eta := self._load_eta(now)) is not None:
+            return max(1.0, eta)  # the previous load of the same file says how long this one takes
+        # BACKOFF: the next load is of the configured file; otherwise the last load of any file.
+        load = self.load_estimate_s() if m.state is State.BACKOFF else None
+        if load is None:
+            load = self.load_seconds if self.load_seconds is not None else 5.0
         if m.state is State.STARTING:
             return max(1.0, load - (now - m.spawned_at))
         if m.state is State.BACKOFF and m.backoff_until is not None:
@@ -352,7 +404,7 @@ class ChildSupervisor:
         now = self.os.now()
         waits = [d - now for d in (self.machine.next_deadline(),) if d is not None]
         if self.machine.state is State.STARTING:
-            waits.append(PROGRESS_SAMPLE_S)
+            waits.append(min(PROGRESS_SAMPLE_S, LOAD_SAMPLE_S))
         for hook in self.tick_hooks:
             due = hook(now)
             if due is not None:
@@ -367,6 +419,7 @@ class ChildSupervisor:
         """Fold one event into the machine and carry out its actions (tests call this directly)."""
         if isinstance(event, Tick):
             self._sample_progress()
+        self._sample_load()
         now = self.os.now()
         actions = self.machine.step(event, now)
         for t in self.machine.transitions:
@@ -385,16 +438,25 @@ class ChildSupervisor:
         cpu, read = sample
         if child.progress is not None:
             then, cpu0, read0 = child.progress
+            if now - then < PROGRESS_SAMPLE_S:
+                return  # the loop wakes more often while loading (for the load's progress)
             busy = (cpu - cpu0) >= PROGRESS_CPU_SHARE * max(now - then, 1e-3)
             if busy or read - read0 >= PROGRESS_READ_BYTES:
                 self.machine.step(Output(child.generation), now)
         child.progress = (now, cpu, read)
+
+    def _sample_load(self) -> None:
+        load, now = self._loading(), self.os.now()
+        if load is not None and self._child is not None and load.due(now):
+            load.observe(self._child.handle.loaded_bytes(), now)
 
     def _on_transition(self, old: State, new: State, reason: str | None, now: float) -> None:
         fields: dict[str, Any] = {"from": old.value, "to": new.value, "generation": self.machine.generation}
         if new is State.READY and old is State.STARTING and self._child is not None:
             self.load_seconds = now - self._child.spawned_at
             self.ready_since = now
+            if self._child.load is not None:
+                self.load_times.put(self._child.load.stamp, self.load_seconds)
             fields["load_seconds"] = round(self.load_seconds, 3)
             self._good = _Settings(self.template, self._identity, self.budget)
             trial = self._trial
@@ -470,6 +532,8 @@ class ChildSupervisor:
             self.post(SpawnFailed(generation, f"{argv[0]}: {exc.strerror or exc}"))
             return
         child = _Child(generation, handle, port, secret, spec, spawned_at=self.os.now())
+        stamp = self.os.file_stamp(spec.model)
+        child.load = LoadProgress(child.spawned_at, stamp, self.load_times.get(stamp))
         self._child = child
         self._last_port = port
         self._start_task(child, "output", self._pump(child))
@@ -539,6 +603,9 @@ class ChildSupervisor:
                 alias=child.spec.alias,
                 ctx_per_slot=child.spec.ctx_per_slot,
                 wake=child.output_seen,
+                # Straight onto the load's record, not through the queue: it is what the snapshot shows,
+                # nothing the machine decides on, and this task runs on the same loop.
+                on_step=child.load.enter if child.load is not None else None,
             )
         except (ProbeWrongAnswer, ProbeUnreachable) as exc:
             self.post(GateFailed(child.generation, str(exc)))

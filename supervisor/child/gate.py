@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import httpx
 
 from supervisor.child import probes
+from supervisor.child.loading import Step
 from supervisor.child.osseam import Probes, ProbeUnreachable, ProbeWrongAnswer, ServedModel
 
 # Poll /health every 50 ms for the first seconds (a small model is ready in ~1.5 s and READY should
@@ -99,9 +101,13 @@ async def readiness_gate(
     alias: str,
     ctx_per_slot: int,
     wake: asyncio.Event | None = None,
+    on_step: Callable[[Step], None] | None = None,
 ) -> None:
-    """Return once all three gates pass; raise ``ProbeWrongAnswer``/``ProbeUnreachable`` otherwise."""
+    """Return once all three gates pass; raise ``ProbeWrongAnswer``/``ProbeUnreachable`` otherwise.
+    ``on_step`` hears each step after the first as it begins (the load's progress shows them)."""
+    step = on_step or (lambda name: None)
     await wait_health_200(p, base_url, wake=wake)
+    step("models")
     served = await p.models(base_url, secret)
     ours = [m for m in served if m.id == alias]
     if not ours:
@@ -111,4 +117,5 @@ async def readiness_gate(
         raise ProbeWrongAnswer(
             f"/v1/models reports n_ctx {ours[0].n_ctx} per slot for {alias!r}, expected {ctx_per_slot}"
         )
+    step("decode")
     await p.one_token(base_url, secret)

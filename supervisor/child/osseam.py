@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from supervisor.child.loading import FileStamp
 from supervisor.child.probes import ServedModel
 
 __all__ = [
@@ -46,6 +47,11 @@ class ChildHandle(Protocol):
         """(CPU seconds, bytes read from storage) so far; None if unknown."""
         ...
 
+    def loaded_bytes(self) -> int | None:
+        """Bytes of its model file the child has brought into memory so far (mapped or read); None if
+        unknown. Only compared against the file's size while it loads (``loading.LoadProgress``)."""
+        ...
+
     def rss_bytes(self) -> int | None: ...
 
     def cpu_seconds(self) -> float | None: ...
@@ -59,6 +65,10 @@ class ChildOs(Protocol):
     def port_open(self, port: int) -> bool: ...
 
     def now(self) -> float: ...
+
+    def file_stamp(self, path: Path) -> FileStamp | None:
+        """The model file's resolved path, size and mtime; None when it cannot be read."""
+        ...
 
 
 class Probes(Protocol):

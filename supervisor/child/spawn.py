@@ -28,6 +28,8 @@ from typing import IO, Any
 
 import psutil
 
+from supervisor.child.loading import FileStamp
+
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -80,6 +82,27 @@ class RealChild:
             # Storage reads only (page faults on the mmapped model count): not read_chars, which
             # also counts the HTTP requests our own /health polls make it read.
             return cpu.user + cpu.system, int(io.read_bytes)
+        except (psutil.Error, AttributeError):
+            return None
+
+    def loaded_bytes(self) -> int | None:
+        # Measured with the pinned llama-server loading the demo model (tests/integration/
+        # test_load_progress.py): with its default load mode (mmap) read_chars stays at ~12 MiB (the
+        # GGUF header and vocabulary, read with read()) and read_bytes counts only reads from storage
+        # (0 with the file in the page cache), while the resident file-backed memory (RssFile, statm's
+        # "shared") rises from ~10 MiB (the binary) to the file's size as the mapped pages fault in,
+        # cached or not. With --load-mode none the child read()s the file instead: read_chars rises to
+        # the file's size and RssFile stays flat. The larger of the two follows both. RssFile counts the
+        # binary's own pages too (a few % of a small model, nothing of a large one); the exact figure
+        # (the model's mapping in /proc/PID/smaps) costs a page-table walk per read that grows with
+        # the model (1.5-3 ms for 250 MB, on the event loop), statm and io are O(1).
+        if self._ps is None:
+            return None
+        try:
+            with self._ps.oneshot():
+                mem = self._ps.memory_info()
+                io = self._ps.io_counters()
+            return max(int(mem.shared), int(io.read_chars))
         except (psutil.Error, AttributeError):
             return None
 
@@ -160,6 +183,14 @@ class RealOs:
 
     def now(self) -> float:
         return time.monotonic()
+
+    def file_stamp(self, path: Path) -> FileStamp | None:
+        try:
+            resolved = path.resolve()
+            st = resolved.stat()
+        except OSError:
+            return None
+        return FileStamp(str(resolved), st.st_size, st.st_mtime_ns)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

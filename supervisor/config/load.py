@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 import yaml
 
+from proxy.settings import DEFAULT_PRIORITY, parse_priority
 from supervisor.config.rules import cross_check
-from supervisor.config.schema import Config, NameOrPath, ProxyConfig
+from supervisor.config.schema import Config, NameOrPath, Priority, ProxyConfig
 from supervisor.errors import ConfigError
 from supervisor.launch.chat_template import is_builtin
 
@@ -287,6 +288,12 @@ class _Converter:
                 return str(raw)
             self.bad(path, f"must be a string (got {raw!r})")
             return ""
+        if tp is Priority:
+            try:
+                return Priority(parse_priority(raw))
+            except ValueError as exc:
+                self.bad(path, str(exc))
+                return Priority(DEFAULT_PRIORITY)
         if tp is NameOrPath:
             if not isinstance(raw, str) or not raw:
                 self.bad(path, f"must be a built-in name or a file path (got {raw!r})")

@@ -43,6 +43,7 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                 max_queue=t.max_queue,
                 queue_timeout_s=t.queue_timeout_s,
                 weight=t.weight,
+                priority=t.priority,
                 max_tokens=t.max_tokens,
                 check_prompt_size=t.check_prompt_size,
                 max_n=t.max_n,

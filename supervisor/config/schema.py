@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NewType
 
+from proxy.settings import DEFAULT_PRIORITY
 from supervisor.launch.chat_template import check_chat_template
 
 Check = Callable[[Any], str | None]
 # A built-in name kept as given, or a file path (relative to the config file, like every path).
 NameOrPath = NewType("NameOrPath", str)
+# A priority level by name or number, held as its number (``proxy.settings.parse_priority``).
+Priority = NewType("Priority", int)
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 Scope = Literal["inference", "admin"]
@@ -290,6 +293,11 @@ class TenantConfig:
     max_queue: int = setting(8, "requests of this tenant waiting for a slot", at_least(0))
     queue_timeout_s: float = setting(30.0, "longest wait for a slot before 429", positive)
     weight: int = setting(1, "share of freed slots when several tenants wait", at_least(1))
+    priority: Priority = setting(
+        Priority(DEFAULT_PRIORITY),
+        "interactive (10), default (5), batch (0) or an integer 0-100: higher priorities are admitted"
+        " first when slots are scarce; waiting raises a request's priority by 1 per second",
+    )
     max_tokens: int | None = setting(None, "cap on max_tokens of a request; null = no cap", at_least(1))
     check_prompt_size: bool = setting(False, "refuse prompts longer than the per-slot context up front")
     max_n: int = setting(4, "completions per prompt a request may ask for (n, n_cmpl)", at_least(1))

@@ -206,6 +206,29 @@ logging: {{access_log: false}}
     assert s.access_log is False
 
 
+def test_tenant_priorities_by_name_or_number_reach_the_proxy_and_round_trip() -> None:
+    import yaml
+
+    from supervisor.config.load import config_to_dict
+
+    cfg = parse_config(
+        "tenants:\n  - {name: chat, priority: interactive}\n  - {name: bulk, priority: batch}\n"
+        "  - {name: mid, priority: 7}\n  - {name: env, priority: '${PRIO}'}\n  - {name: plain}\n",
+        env={"PRIO": "3"},
+    )
+    assert [t.priority for t in proxy_settings(cfg).tenants] == [10, 0, 7, 3, 5]
+    assert parse_config(yaml.safe_dump(config_to_dict(cfg)), env={}) == cfg
+    assert proxy_settings(Config()).tenants[0].priority == 5  # the loader's default is the proxy's
+
+
+def test_a_bad_tenant_priority_names_the_field_and_the_choices() -> None:
+    choices = "must be interactive (10), default (5), batch (0) or an integer 0-100"
+    assert problems("tenants:\n  - {name: a, priority: urgent}\n  - {name: b, priority: 500}\n") == [
+        f"tenants[0].priority: {choices} (got 'urgent')",
+        f"tenants[1].priority: {choices} (got 500)",
+    ]
+
+
 def test_config_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("llama:\n  slots: 4\n")

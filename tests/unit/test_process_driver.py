@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.child.driver import ChildSupervisor
+from supervisor.child.loading import FileStamp
 from supervisor.child.machine import State, Stop, Tick
 from supervisor.child.osseam import ProbeUnreachable, ServedModel
 from supervisor.child.restart import Policy
@@ -26,6 +27,7 @@ class FakeChild:
         self.ignore_sigterm = ignore_sigterm
         self.counter = 0.0
         self.read_bytes = 0
+        self.loaded: int | None = 0  # bytes of the model file brought in
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
 
@@ -52,6 +54,9 @@ class FakeChild:
     def progress_sample(self) -> tuple[float, int] | None:
         return self.counter, self.read_bytes
 
+    def loaded_bytes(self) -> int | None:
+        return self.loaded
+
     def rss_bytes(self) -> int | None:
         return 123
 
@@ -67,6 +72,8 @@ class FakeOs:
         self.spawn_error: OSError | None = None
         self.ignore_sigterm = False
         self._port = 40000
+        # Model files by path: (size, mtime_ns). Unknown paths cannot be read.
+        self.files: dict[str, tuple[int, int]] = {"/m.gguf": (1000, 1)}
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> FakeChild:
         if self.spawn_error is not None:
@@ -85,6 +92,10 @@ class FakeOs:
 
     def now(self) -> float:
         return self.t
+
+    def file_stamp(self, path: Path) -> FileStamp | None:
+        found = self.files.get(str(path))
+        return FileStamp(str(path), *found) if found is not None else None
 
 
 class FakeProbes:
