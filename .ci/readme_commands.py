@@ -4,15 +4,15 @@
 
 A block is chosen by the marker line ``<!-- ci: NAME -->`` right above its fence. ``--ci`` skips an
 ``apt-get install`` line whose packages are all installed already (no package-list download on every
-run) and, when run as root (as CI is, where sudo may not even be installed), drops ``sudo ``;
-everything else is printed verbatim, one command per line, for ``bash -e`` to run.
+run); everything else is printed verbatim, one command per line, for ``bash -e`` to run. The setup
+line needs no rewriting for root: it runs apt-get through ``sudo`` only when not root, so it works as
+written where sudo is not even installed (a fresh VM or container image).
 tests/unit/test_readme_ci.py fails when README.md and .ci/run stop agreeing. Standard library only:
 it runs before the virtual environment exists.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -34,15 +34,14 @@ def blocks(text: str) -> dict[str, list[str]]:
     return out
 
 
+# The words after ``apt-get install`` up to the end of that command (a quote, ``&&``, ``;`` or ``|``).
+_APT_INSTALL = re.compile(r"\bapt-get install\s+(?P<words>[^'\"&;|]*)")
+
+
 def apt_packages(command: str) -> list[str]:
     """The packages of an ``apt-get install`` command (options dropped), or [] for any other command."""
-    for part in command.split("&&"):
-        words = shlex.split(part)
-        if words[:1] == ["sudo"]:
-            words = words[1:]
-        if words[:2] == ["apt-get", "install"]:
-            return [w for w in words[2:] if not w.startswith("-")]
-    return []
+    m = _APT_INSTALL.search(command)
+    return [] if m is None else [w for w in shlex.split(m.group("words")) if not w.startswith("-")]
 
 
 def installed(package: str) -> bool:
@@ -52,14 +51,14 @@ def installed(package: str) -> bool:
     return out.returncode == 0 and out.stdout.endswith(" installed")
 
 
-def for_ci(commands: list[str], *, root: bool) -> list[str]:
+def for_ci(commands: list[str]) -> list[str]:
     out = []
     for command in commands:
         packages = apt_packages(command)
         if packages and all(installed(p) for p in packages):
             print(f"ci: already installed: {' '.join(packages)}", file=sys.stderr)
             continue
-        out.append(re.sub(r"(^|&&\s*)sudo ", r"\1", command) if root else command)
+        out.append(command)
     return out
 
 
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> int:
         return 2
     commands = found[argv[0]]
     if "--ci" in argv[1:]:
-        commands = for_ci(commands, root=os.geteuid() == 0)
+        commands = for_ci(commands)
     print("\n".join(commands))
     return 0
 

@@ -3,12 +3,13 @@
 The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
 ``CorsMiddleware`` (a no-op unless ``proxy.cors`` lists origins) and ``RequestContextMiddleware``
 (request id, error mapping, access log, metrics) around a dict lookup from path to a pure-ASGI endpoint
-(one per row of ``proxy.route_table``). Starlette's default stack (ServerErrorMiddleware,
+(one per row of ``proxy.routes.table``). Starlette's default stack (ServerErrorMiddleware,
 ExceptionMiddleware and a regex router) is not on the request path; its router still handles lifespan.
 Nothing in the chain buffers a response body. ``app.add_middleware`` therefore has no effect on
 requests: add layers here.
 
-The daemon reads ``app.state.runtime`` (a ``ProxyRuntime``) for drain, reload and counters.
+The daemon reads ``app.state.proxy`` (the door's state, ``proxy.state.ProxyState``) for drain, reload,
+counters and the model router.
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
-from proxy.admission import Admission
-from proxy.context import SCOPE_KEY, RequestContext, RequestContextMiddleware, write_access_log
-from proxy.cors import CorsMiddleware
-from proxy.endpoints import routes as table_routes
+from proxy.admission.gate import Admission
+from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.metrics import AdmissionCollector, ProxyMetrics, Refreshable
-from proxy.readiness import UpstreamSource
-from proxy.route_table import served_paths
-from proxy.runtime import ProxyRuntime
+from proxy.metrics.proxy import AdmissionCollector, ProxyMetrics, Refreshable
+from proxy.middleware.context import RequestContextMiddleware, write_access_log
+from proxy.middleware.cors import CorsMiddleware
+from proxy.models.lane import ModelEntry
+from proxy.routes.build import routes as table_routes
+from proxy.routes.table import served_paths
+from proxy.routes.ui import ui_routes
 from proxy.settings import ProxySettings
-from proxy.ui import ui_routes
+from proxy.source import UpstreamSource
+from proxy.state import ProxyState
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 
@@ -82,23 +85,22 @@ class ProxyApp(Starlette):
 
 def create_app(
     settings: ProxySettings,
-    upstream: UpstreamSource,
+    source: UpstreamSource,
+    models: Sequence[ModelEntry],
     *,
     registry: CollectorRegistry | None = None,
     extra_collectors: Iterable[Collector] = (),
 ) -> Starlette:
-    """The proxy app. ``registry``: where the proxy's series go (a fresh one by default, never the global
-    default); ``extra_collectors``: more series for the same ``/metrics``."""
+    """The proxy app. ``source``: the daemon as a whole (readiness, draining, identity); ``models``: at
+    least one served model, each with its own source (one model's daemon: a list of one). ``registry``:
+    where the proxy's series go (a fresh one by default, never the global default);
+    ``extra_collectors``: more series for the same ``/metrics``."""
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = ProxyMetrics(registry)
-    runtime = ProxyRuntime(settings, upstream, metrics)
+    state = ProxyState(settings, source, models, metrics)
 
     def gates() -> dict[str, Admission]:
-        # Several models: every lane's own gate (the door's is unused); one model: its one gate.
-        router = runtime.router
-        if router is None:
-            return {runtime.source.snapshot().model_alias: runtime.admission}
-        return {name: lane.runtime.admission for name, lane in router.lanes.items()}
+        return {name: lane.admission for name, lane in state.router.lanes.items()}
 
     registry.register(AdmissionCollector(gates))
     for collector in extra_collectors:
@@ -107,7 +109,7 @@ def create_app(
             metrics.refreshers.append(collector)
 
     def observe(ctx: RequestContext, duration_s: float, method: str) -> None:
-        reason = ctx.outcome[9:] if ctx.outcome.startswith("rejected:") else None
+        reason = ctx.outcome.removeprefix("rejected:") if ctx.outcome.startswith("rejected:") else None
         metrics.observe_request(
             ctx.tenant or "-",
             ctx.model or "-",
@@ -120,7 +122,7 @@ def create_app(
             ctx.tpot_s,
             ctx.tokens,
         )
-        if runtime.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
+        if state.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
             write_access_log(ctx, duration_s, method)
 
     @asynccontextmanager
@@ -128,14 +130,14 @@ def create_app(
         try:
             yield
         finally:
-            await runtime.aclose()
+            await state.aclose()
 
     def wrap(inner: ASGIApp) -> ASGIApp:
         # CORS outermost: a preflight is answered before authentication, and the allow-origin header is
         # added to every answer, the context layer's error answers included.
-        context = RequestContextMiddleware(inner, observe=observe, active=runtime.track_active)
-        return CorsMiddleware(context, lambda: runtime.settings.cors, served_paths())
+        context = RequestContextMiddleware(inner, observe=observe, active=state.track_active)
+        return CorsMiddleware(context, lambda: state.settings.cors, served_paths())
 
-    app = ProxyApp([*table_routes(runtime), *ui_routes(runtime)], wrap, lifespan)
-    app.state.runtime = runtime
+    app = ProxyApp([*table_routes(state), *ui_routes(state)], wrap, lifespan)
+    app.state.proxy = state
     return app

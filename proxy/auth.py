@@ -16,9 +16,14 @@ import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from proxy.errors import Forbidden, Unauthorized
 from proxy.settings import KeyEntry, Scope
+
+# Who may call a route (``proxy.routes.table``): no credentials at all, a key with that scope, or any key
+# (inference or admin).
+Access = Literal["none", "inference", "admin", "any key"]
 
 KEY_PREFIX = "lg_"
 _KEY_RE = re.compile(r"lg_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
@@ -90,6 +95,13 @@ class KeyTable:
         return Principal(entry.tenant, entry.key_id, entry.scopes)
 
 
-def require(principal: Principal, scope: Scope) -> None:
-    if scope not in principal.scopes:
-        raise Forbidden(f"this key lacks the '{scope}' scope required by this route")
+# The caller of a route open to everyone ("none"): not authenticated, no scope, no tenant.
+NOBODY = Principal("", "", frozenset())
+
+
+def require(principal: Principal, access: Access) -> None:
+    if access == "any key":
+        if not principal.scopes & {"inference", "admin"}:
+            raise Forbidden("this key lacks the 'inference' or 'admin' scope required by this route")
+    elif access != "none" and access not in principal.scopes:
+        raise Forbidden(f"this key lacks the '{access}' scope required by this route")

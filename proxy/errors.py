@@ -1,4 +1,5 @@
-"""The proxy's exception tree, mapped to OpenAI-shaped JSON at one boundary (``middleware.RequestContext``).
+"""The proxy's exception tree, mapped to OpenAI-shaped JSON at one boundary
+(``proxy.middleware.context.RequestContextMiddleware``).
 
     ProxyError                      500 internal_error (a bug; the message stays generic)
     ├── BadRequest                  400 invalid_request_error   unparsable / non-object JSON, bad field
@@ -17,6 +18,11 @@
 
 Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
 their status and body untouched. ``outcome`` is the access log's word for how the request ended.
+
+Two internal signals are not in the tree (nothing answers them as such): ``ClientGone``
+(``proxy.asgi.disconnect``: the client left; the boundary logs 499 and sends nothing) and
+``UpstreamClosed`` (``proxy.upstream.connection``: the child hung up mid-answer; the routes turn it into
+an ``UpstreamFailure``, or an error event once a stream has started).
 """
 
 from __future__ import annotations

@@ -24,6 +24,26 @@ class KeyEntry:
 
 
 @dataclass(frozen=True)
+class BudgetSettings:
+    """Token and request budgets of a tenant or of one store key (``proxy.accounts.budgets``); None: no
+    limit. Tokens are prompt plus completion tokens, as the child reports them after each answer."""
+
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    requests_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The accounts store (``proxy.accounts``): keys made at run time, the usage ledger, budget windows."""
+
+    path: str  # the SQLite file, already resolved (the config loader picks the default)
+    # Per-request usage rows older than this are deleted; the hourly rollup keeps its own retention.
+    usage_retention_days: int = 31
+    rollup_retention_days: int = 400
+
+
+@dataclass(frozen=True)
 class TenantSettings:
     name: str
     max_concurrency: int = 2
@@ -49,8 +69,10 @@ class TenantSettings:
     cache_prompt: bool = True
     # Names of the models this tenant may use (several-model daemons); empty: every model.
     models: tuple[str, ...] = ()
-    # Slots held or awaited across every model at once (``proxy.tenant_totals``); None: no total.
+    # Slots held or awaited across every model at once (``proxy.admission.totals``); None: no total.
     max_concurrency_total: int | None = None
+    # Tokens and requests per minute and per day (``proxy.accounts.budgets``); all None: no budget.
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 @dataclass(frozen=True)
@@ -68,7 +90,7 @@ class Listener:
 
 @dataclass(frozen=True)
 class DoorSettings:
-    """Limits of the listener itself, enforced before a request reaches the app (``proxy.door``)."""
+    """Limits of the listener itself, enforced before a request reaches the app (``proxy.listener``)."""
 
     # Request line (method, target, version) longer than this: 414.
     max_request_line_bytes: int = 8190
@@ -109,8 +131,6 @@ class ProxySettings:
     keys: tuple[KeyEntry, ...] = ()
     # Tenant used for requests without credentials, from loopback clients only. Off (None) by default.
     anonymous_tenant: str | None = None
-    # Other names accepted in a request's "model" field besides the served alias.
-    model_aliases: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 1024 * 1024
     timeouts: Timeouts = field(default_factory=Timeouts)
     # Optional unauthenticated /metrics listener, loopback only (for a local Prometheus agent).
@@ -130,3 +150,5 @@ class ProxySettings:
     count_burst: int = 40
     # The status page and playground at /ui/ (static files; their data needs a key). Off: 404.
     ui: bool = True
+    # Keys made at run time, the usage ledger and budget windows (``proxy.accounts``); None: no store.
+    store: StoreSettings | None = None

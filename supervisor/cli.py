@@ -22,7 +22,7 @@ from supervisor import __version__
 from supervisor.errors import LlamagateError
 
 # Each module exposes ``register(subparsers)`` and sets ``func`` (args -> exit status) on its parser.
-COMMAND_MODULES = ("build", "verify", "model", "config", "plan", "serve", "status", "keys", "bench")
+COMMAND_MODULES = ("build", "verify", "model", "config", "plan", "serve", "status", "keys", "usage", "bench")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -21,6 +21,24 @@ def cache_root(env: dict[str, str] | None = None) -> Path:
     return base / "llamagate"
 
 
+def state_root(env: dict[str, str] | None = None) -> Path:
+    """Where the daemon keeps its state (the accounts store): systemd's ``StateDirectory=`` when it runs
+    the unit (it sets ``$STATE_DIRECTORY``, /var/lib/llamagate), else ``$XDG_STATE_HOME/llamagate``
+    (~/.local/state/llamagate for a user run)."""
+    environ = os.environ if env is None else env
+    systemd = environ.get("STATE_DIRECTORY")
+    if systemd:
+        return Path(systemd.split(":")[0])  # several StateDirectory= entries come colon-separated
+    xdg = environ.get("XDG_STATE_HOME")
+    # The XDG spec ignores a relative value; so do we, rather than resolve it against the cwd.
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "llamagate"
+
+
+def default_store_path(env: dict[str, str] | None = None) -> Path:
+    return state_root(env) / "llamagate.db"
+
+
 def umask() -> int:
     """The process umask, read without changing it (Linux reports it in /proc/self/status)."""
     try:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# The needs_tool marker: checked before a test's fixtures (tests/helpers/system.py).
+from tests.helpers.system import pytest_runtest_setup  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "llama-build.lock"
 
@@ -37,12 +40,3 @@ def demo_model() -> Path:
     from supervisor.progress import ConsoleProgress
 
     return ensure_demo_model(progress=ConsoleProgress())
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``@pytest.mark.needs_tool("nginx", ...)``: skip (fail under CI=true) when a system tool is missing."""
-    from tests.helpers.system import require_tool
-
-    for marker in item.iter_markers("needs_tool"):
-        for name in marker.args:
-            require_tool(name)

@@ -1,5 +1,10 @@
-"""The per-kind stream formats: a meter factory, the error event that ends a broken stream, how a
-whole (non-streamed) answer reports its token count, and how an error body is shaped on the route."""
+"""How each generation route's answer is measured and how an error ends its stream.
+
+One ``StreamFormat`` per route kind (see ``proxy.routes.table``): llama-server speaks four stream dialects
+from the same slot machinery (``format_oai_sse``, ``format_oai_resp_sse`` and ``format_anthropic_sse``
+in server-common.cpp, and its native one), and each hides the first token and the token count in a
+different place. The relay stays byte-for-byte; only the meter, the last error event, how a whole
+(non-streamed) answer reports its token count and how an error body is shaped differ."""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy import anthropic
 from proxy.errors import ProxyError
-from proxy.sse import StreamMeter, count_tokens_in_body
+from proxy.streams import anthropic
 from proxy.streams.events import EventMeter, EventSpec
+from proxy.streams.openai import StreamMeter, count_tokens_in_body
 
 
 class Meter(Protocol):

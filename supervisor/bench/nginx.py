@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from supervisor.child.spawn import popen_tied, stop_popen
+from supervisor.child.spawn import free_port, popen_tied, port_open, stop_popen
 from supervisor.errors import StartupError, UsageError
 
 Mode = Literal["balanced", "round-robin"]
@@ -137,12 +136,6 @@ def nginx_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_nginx(
     replicas: Sequence[str],
     prefix: Path,
@@ -160,7 +153,7 @@ def start_nginx(
         shipped = site_conf.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"nginx site file {site_conf}: {exc.strerror or exc}") from exc
-    port = port or _free_port()
+    port = port or free_port()
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
     site = prefix / "site.conf"
     site.write_text(render_site(shipped, replicas, port, mode), encoding="utf-8")
@@ -177,10 +170,8 @@ def start_nginx(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StartupError(f"nginx exited with {proc.returncode}:\n{nginx.error_log()[-2000:]}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return nginx
+        if port_open(port):
+            return nginx
         time.sleep(0.05)
     nginx.stop()
     raise StartupError(f"nginx did not listen on 127.0.0.1:{port} within {ready_timeout_s:g} s")

@@ -32,15 +32,14 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.auth import new_key
 from supervisor.bench import provenance
-from supervisor.bench.client import Target
-from supervisor.bench.launcher import Launched, admin_identity, deep_merge, start_llamagate, validate
+from supervisor.bench.client import Exchange, Target, stream_chat
+from supervisor.bench.launcher import PrivateDaemon, deep_merge, start_llamagate, validate
 from supervisor.bench.soak_ledger import Ending, Ledger, ResourceSample, SlotSample, evaluate, report
 from supervisor.child.spawn import free_port
+from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.progress import NullProgress, Progress
 
 SCHEMA = "llamagate.bench.soak/1"
@@ -72,11 +71,9 @@ class SoakSpec:
 @dataclass
 class _Run:
     spec: SoakSpec
-    launched: Launched
+    daemon: PrivateDaemon
     admin: Target
     keys: dict[str, str]
-    config_path: Path
-    config: dict[str, Any]
     ledger: Ledger = field(default_factory=Ledger)
     t0: float = 0.0
 
@@ -92,20 +89,12 @@ def soak_config(base: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, st
     ]
     tenants.append({"name": "ops", "max_concurrency": 1, "max_queue": 0})
     keys: dict[str, str] = {}
-    admin_key, admin = new_key("ops", frozenset({"inference", "admin"}))
+    admin_key, admin = new_key_config("ops", ADMIN)
     entries = [admin]
     for name, *_ in TENANTS:
-        key, entry = new_key(name, frozenset({"inference"}))
-        keys[name] = key
+        keys[name], entry = new_key_config(name)
         entries.append(entry)
-    overrides = {
-        "proxy": {"host": "127.0.0.1", "port": free_port()},
-        "tenants": tenants,
-        "keys": [
-            {"id": e.key_id, "digest": e.digest, "tenant": e.tenant, "scopes": sorted(e.scopes)}
-            for e in entries
-        ],
-    }
+    overrides = {"proxy": {"host": "127.0.0.1", "port": free_port()}, "tenants": tenants, "keys": entries}
     return deep_merge(base, overrides), admin_key, keys
 
 
@@ -122,46 +111,46 @@ def _classify_status(status: int) -> Ending:
     return "refused" if status in (408, 413, 429, 503) else "failed"
 
 
+def _streamed(ex: Exchange, spec: SoakSpec) -> tuple[Ending, int | None, str | None]:
+    if ex.outcome == "timeout":
+        return "hung", ex.status, f"no end within {spec.request_timeout_s:g} s"
+    if ex.status is not None and ex.status != 200:
+        return _classify_status(ex.status), ex.status, ex.reason
+    if ex.left:
+        return "abandoned", 200, None  # it left after the first token: stream_chat closed the connection
+    if ex.outcome == "ok":
+        return "completed", 200, None
+    return "failed", ex.status, ex.reason
+
+
 async def one_call(
     client: httpx.AsyncClient, target: Target, kind: str, body: dict[str, Any], spec: SoakSpec
 ) -> tuple[Ending, int | None, str | None]:
     """Send one request of ``kind``; return how it ended. Never raises (but for cancellation)."""
-    stream = kind in ("stream", "drop_stream")
-    payload = {**body, "stream": stream}
+    if kind in ("stream", "drop_stream"):
+        payload = {**body, "stream": True}
+        ex = await stream_chat(
+            client, target, payload, spec.request_timeout_s, leave_after_first=kind == "drop_stream"
+        )
+        return _streamed(ex, spec)
     url = target.api_root + "/chat/completions"
+    payload = {**body, "stream": False}
     status: int | None = None
     try:
         async with asyncio.timeout(spec.request_timeout_s):
-            if not stream:
-                if kind == "drop_plain":
-                    try:
-                        async with asyncio.timeout(spec.drop_after_s):
-                            r = await client.post(url, json=payload, headers=target.headers())
-                    except TimeoutError:
-                        return "abandoned", None, None
-                else:
-                    r = await client.post(url, json=payload, headers=target.headers())
-                status = r.status_code
-                if status != 200:
-                    return _classify_status(status), status, f"HTTP {status}"
-                choices = r.json().get("choices")
-                return ("completed", 200, None) if choices else ("failed", 200, "answer without choices")
-            async with client.stream("POST", url, json=payload, headers=target.headers()) as r:
-                status = r.status_code
-                if status != 200:
-                    await r.aread()
-                    return _classify_status(status), status, f"HTTP {status}"
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return "completed", 200, None
-                    if '"error"' in data and json.loads(data).get("error"):
-                        return "failed", 200, "error event mid-stream"
-                    if kind == "drop_stream":
-                        return "abandoned", 200, None  # leaving: the context closes the connection
-                return "failed", 200, "stream ended without [DONE]"
+            if kind == "drop_plain":
+                try:
+                    async with asyncio.timeout(spec.drop_after_s):
+                        r = await client.post(url, json=payload, headers=target.headers())
+                except TimeoutError:
+                    return "abandoned", None, None
+            else:
+                r = await client.post(url, json=payload, headers=target.headers())
+            status = r.status_code
+            if status != 200:
+                return _classify_status(status), status, f"HTTP {status}"
+            choices = r.json().get("choices")
+            return ("completed", 200, None) if choices else ("failed", 200, "answer without choices")
     except TimeoutError:
         return "hung", status, f"no end within {spec.request_timeout_s:g} s"
     except (httpx.HTTPError, ValueError) as exc:
@@ -186,7 +175,7 @@ async def _client_loop(run: _Run, index: int, end_t: float) -> None:
             }
             ticket = run.ledger.start()
             ending, status, reason = await one_call(
-                client, Target(run.launched.target.base_url, run.keys[tenant]), kind, body, run.spec
+                client, Target(run.daemon.base_url, run.keys[tenant]), kind, body, run.spec
             )
             run.ledger.finish(ticket, kind, ending, status=status, reason=reason)
             if ending == "refused":
@@ -220,7 +209,7 @@ def _permits(g: dict[str, float]) -> int:
 
 
 async def _monitor(run: _Run, stop: asyncio.Event) -> None:
-    proc = psutil.Process(run.launched.proc.pid)
+    proc = psutil.Process(run.daemon.pid)
     every_s = min(RESOURCE_EVERY_S, run.spec.minutes * 60.0 / 40)  # enough samples in a short run too
     last_resource = -every_s
     async with httpx.AsyncClient(timeout=3.0, trust_env=False) as client:
@@ -251,9 +240,10 @@ async def _monitor(run: _Run, stop: asyncio.Event) -> None:
 
 # --- chaos -----------------------------------------------------------------------------------------------
 def _child_pid(run: _Run) -> int | None:
-    status = admin_identity(run.admin).get("status")
-    pid = status.get("child_pid") if isinstance(status, dict) else None
-    return pid if isinstance(pid, int) else None
+    try:
+        return run.daemon.child_pid
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None  # the daemon did not say (busy, or between children): no target for this step
 
 
 async def _chaos(run: _Run, plan: Sequence[tuple[float, str]]) -> None:
@@ -263,10 +253,10 @@ async def _chaos(run: _Run, plan: Sequence[tuple[float, str]]) -> None:
         event: dict[str, Any] = {"action": action, "at_s": round(run.now(), 1)}
         if action == "sighup":
             flip = not flip
-            alpha = run.config["tenants"][0]
-            alpha["max_queue"] = 3 if flip else 4  # a real change, so the reload applies something
-            run.config_path.write_text(yaml.safe_dump(run.config, sort_keys=False), encoding="utf-8")
-            run.launched.proc.send_signal(signal.SIGHUP)
+            tenants = [dict(t) for t in run.daemon.config["tenants"]]
+            tenants[0]["max_queue"] = 3 if flip else 4  # a real change, so the reload applies something
+            run.daemon.write_config({"tenants": tenants})
+            run.daemon.signal(signal.SIGHUP)
         else:
             pid = await asyncio.to_thread(_child_pid, run)
             event["child_pid"] = pid
@@ -362,9 +352,9 @@ def _fd_detail(pid: int) -> dict[str, Any]:
 async def _drive(run: _Run) -> dict[str, Any]:
     spec = run.spec
     duration_s = spec.minutes * 60.0
-    slots = validate(run.config, "soak config").llama.slots
+    slots = validate(run.daemon.config, "soak config").llama.slots
     concurrency = spec.concurrency or 2 * slots
-    pid = run.launched.proc.pid
+    pid = run.daemon.pid
     await _warm_up(run)
     fds_start = psutil.Process(pid).num_fds()
     detail = {"start": _fd_detail(pid)}
@@ -419,19 +409,19 @@ def run_soak(
     out.mkdir(parents=True, exist_ok=True)
     config, admin_key, keys = soak_config(spec.base_config)
     folder = out / "llamagate"
-    launched = start_llamagate(config, admin_key, folder, progress=progress)
+    daemon = start_llamagate(config, admin_key, folder, progress=progress)
     try:
         # Before the run: the checkout's commit is the code the daemon imported, not a later one.
-        record = provenance.collect(argv, {}, launched={"llamagate": admin_identity(launched.target)})
-        run = _Run(spec, launched, launched.target, keys, folder / "llamagate.yaml", config)
+        record = provenance.collect(argv, {}, launched={"llamagate": daemon.identity})
+        run = _Run(spec, daemon, daemon.target, keys)
         result = asyncio.run(_drive(run))
         result["final_child_pid"] = _child_pid(run)
     finally:
-        exit_code = launched.stop()
+        exit_code = daemon.stop()
     result["schema"] = SCHEMA
     result["spec"] = {k: v for k, v in asdict(spec).items() if k != "base_config"}
     result["daemon_exit_code"] = exit_code
-    result["daemon_pid"] = launched.proc.pid
+    result["daemon_pid"] = daemon.pid
     result["provenance"] = record
     (out / "soak.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return result

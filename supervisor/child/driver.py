@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.readiness import UpstreamSnapshot
+from proxy.source import UpstreamSnapshot
 from supervisor.child.gate import readiness_gate
 from supervisor.child.log import LineFilter, first_error, is_error, is_noise
 from supervisor.child.machine import (

@@ -100,6 +100,26 @@ def load_proxy_config(path: Path | None, env: Mapping[str, str] | None = None) -
     return proxy
 
 
+def load_sections(path: Path | None, names: tuple[str, ...], env: Mapping[str, str] | None = None) -> Config:
+    """A ``Config`` with only the named top-level sections read from the file (the others keep their
+    defaults), checked alone: for commands that need a few sections (``keys`` and ``usage`` need
+    ``store`` and ``tenants``), run where the other sections' ``${VAR}``s (a model's digest...) are not
+    set. No cross-field rule runs: they involve sections that were not read."""
+    if path is None:
+        return Config()
+    raw = _parse_yaml(_read(path), str(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(["config: must be a mapping of keys to values"], str(path))
+    problems: list[str] = []
+    chosen = {name: raw[name] for name in names if name in raw}
+    chosen = _substitute(chosen, "", os.environ if env is None else env, problems)
+    config = _Converter(path.resolve().parent, problems).value(Config, chosen, "")
+    if problems:
+        raise ConfigError(problems, str(path))
+    assert isinstance(config, Config)
+    return config
+
+
 def _read(path: Path) -> str:
     try:
         data = path.read_bytes()

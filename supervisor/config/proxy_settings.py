@@ -5,15 +5,28 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from proxy.settings import (
+    BudgetSettings,
     CorsSettings,
     DoorSettings,
     KeyEntry,
     Listener,
     ProxySettings,
+    StoreSettings,
     TenantSettings,
     Timeouts,
 )
-from supervisor.config.schema import Config
+from supervisor.config.schema import Config, StoreConfig
+from supervisor.paths import default_store_path
+
+
+def store_settings(store: StoreConfig | None) -> StoreSettings | None:
+    if store is None:
+        return None
+    return StoreSettings(
+        path=str(store.path if store.path is not None else default_store_path()),
+        usage_retention_days=store.usage_retention_days,
+        rollup_retention_days=store.rollup_retention_days,
+    )
 
 
 def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySettings:
@@ -39,12 +52,16 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                 cache_prompt=t.cache_prompt,
                 models=t.models,
                 max_concurrency_total=t.max_concurrency_total,
+                budgets=BudgetSettings(
+                    tokens_per_minute=t.budgets.tokens_per_minute,
+                    tokens_per_day=t.budgets.tokens_per_day,
+                    requests_per_minute=t.budgets.requests_per_minute,
+                ),
             )
             for t in cfg.tenants
         ),
         keys=keys + tuple(extra_keys),
         anonymous_tenant=p.anonymous_tenant,
-        model_aliases=p.model_aliases,
         max_body_bytes=p.max_body_bytes,
         timeouts=Timeouts(
             connect_s=p.timeouts.connect_s,
@@ -76,4 +93,5 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         count_rate_per_s=p.counting.rate_per_s,
         count_burst=p.counting.burst,
         ui=p.ui,
+        store=store_settings(cfg.store),
     )

@@ -271,6 +271,19 @@ class SupervisionConfig:
 
 
 @dataclass(frozen=True)
+class BudgetsConfig:
+    tokens_per_minute: int | None = setting(
+        None, "prompt plus completion tokens in any 60 s; null = no limit", at_least(1)
+    )
+    tokens_per_day: int | None = setting(
+        None, "prompt plus completion tokens in any 24 h; null = no limit", at_least(1)
+    )
+    requests_per_minute: int | None = setting(
+        None, "requests admitted in any 60 s; null = no limit", at_least(1)
+    )
+
+
+@dataclass(frozen=True)
 class TenantConfig:
     name: str = setting("default", "tenant name (keys refer to it)", NAME)
     max_concurrency: int = setting(2, "requests of this tenant running at once", at_least(1))
@@ -290,6 +303,7 @@ class TenantConfig:
     max_concurrency_total: int | None = setting(
         None, "slots this tenant may hold or wait for across all models at once; null = no total", at_least(1)
     )
+    budgets: BudgetsConfig = section(BudgetsConfig, "tokens and requests per minute and per day")
 
 
 @dataclass(frozen=True)
@@ -304,6 +318,17 @@ class KeyConfig:
     )
     tenant: str = setting("default", "tenant the key belongs to")
     scopes: tuple[Scope, ...] = setting(("inference",), "inference and/or admin")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: Path | None = setting(
+        None,
+        "the SQLite file; null = $STATE_DIRECTORY/llamagate.db under systemd, else"
+        " $XDG_STATE_HOME/llamagate/llamagate.db (~/.local/state/llamagate/llamagate.db)",
+    )
+    usage_retention_days: int = setting(31, "days a per-request usage row is kept", at_least(1))
+    rollup_retention_days: int = setting(400, "days an hourly usage sum is kept", at_least(1))
 
 
 @dataclass(frozen=True)
@@ -330,3 +355,6 @@ class Config:
         (), "API keys as digests (llamagate keys new); none = one fresh key printed at start"
     )
     logging: LoggingConfig = section(LoggingConfig, "log format and level")
+    store: StoreConfig | None = setting(
+        None, "keys made at run time, the usage ledger, budget windows (SQLite); null = no store"
+    )

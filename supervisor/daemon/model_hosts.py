@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.errors import NotReady
-from proxy.readiness import UpstreamSnapshot
+from proxy.source import UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
 from supervisor.child.machine import State

@@ -17,10 +17,10 @@ from collections.abc import Callable
 import uvicorn
 from prometheus_client.registry import Collector
 
-from proxy.door import FrontDoor, uvicorn_config
-from proxy.llama_metrics_models import ModelsLlamaMetrics, Snapshots
-from proxy.metrics import ProxyMetrics
-from proxy.metrics_listener import create_metrics_app
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.metrics.listener import create_metrics_app
+from proxy.metrics.llama import ModelsLlamaMetrics, Snapshots
+from proxy.metrics.proxy import ProxyMetrics
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import _Server, bind_listener
 from supervisor.daemon.metrics_collector import SupervisorCollector, Views

@@ -40,9 +40,10 @@ from typing import Any
 
 import uvicorn
 
-from proxy.door import ForwardedFor, FrontDoor, uvicorn_config
-from proxy.readiness import UpstreamSnapshot
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.middleware.forwarded import ForwardedFor
 from proxy.settings import KeyEntry
+from proxy.source import UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes

@@ -7,17 +7,17 @@ Every name of the proxy's the daemon uses is here, nowhere else in it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from proxy.app import create_app
-from proxy.door import FrontDoor
-from proxy.metrics import ProxyMetrics
-from proxy.model_router import ModelEntry, ModelRouter
-from proxy.readiness import UpstreamSource
+from proxy.listener.guard import FrontDoor
+from proxy.metrics.proxy import ProxyMetrics
+from proxy.models.lane import ModelEntry
 from proxy.settings import DoorSettings, ProxySettings
+from proxy.source import UpstreamSource
+from proxy.state import ProxyState
 from supervisor.daemon.model_hosts import ModelHost
 
 
@@ -34,19 +34,20 @@ class ProxyWiring:
         hosts: Iterable[ModelHost],
         collectors: Iterable[Collector],
     ) -> None:
-        self.app: Starlette = create_app(settings, door_source, extra_collectors=collectors)
-        # The door's state (keys, tenants, the in-flight total); its name goes with the proxy's layout.
-        self.runtime: Any = self.app.state.runtime
-        self._router = ModelRouter(self.runtime, [_entry(h) for h in hosts])
-        self.runtime.router = self._router
+        self.app: Starlette = create_app(
+            settings, door_source, [_entry(h) for h in hosts], extra_collectors=collectors
+        )
+        # The door's state (keys, tenants, the in-flight total, the router).
+        self.runtime: ProxyState = self.app.state.proxy
+        self._router = self.runtime.router
 
     # --- the door ------------------------------------------------------------------------------------
     @property
     def metrics(self) -> ProxyMetrics:
-        return self.runtime.metrics  # type: ignore[no-any-return]
+        return self.runtime.metrics
 
     def door_settings(self) -> DoorSettings:
-        return self.runtime.settings.door  # type: ignore[no-any-return]
+        return self.runtime.settings.door
 
     def set_door(self, door: FrontDoor) -> None:
         self.runtime.door = door
@@ -56,10 +57,10 @@ class ProxyWiring:
 
     @property
     def active(self) -> int:
-        return self.runtime.active  # type: ignore[no-any-return]
+        return self.runtime.active
 
     async def drain(self, timeout_s: float) -> bool:
-        return await self.runtime.drain(timeout_s)  # type: ignore[no-any-return]
+        return await self.runtime.drain(timeout_s)
 
     # --- one lane per model --------------------------------------------------------------------------
     def serve(self, host: ModelHost) -> None:
@@ -71,13 +72,13 @@ class ProxyWiring:
         lane = self._router.lanes.get(name)
         self._router.remove(name)
         if lane is not None:
-            await lane.runtime.drain(timeout_s)
+            await lane.drain(timeout_s)
 
     async def drain_lane(self, name: str, timeout_s: float) -> None:
         """Wait (up to ``timeout_s``) until the model's lane has no request in flight."""
         lane = self._router.lanes.get(name)
         if lane is not None:
-            await lane.runtime.drain(timeout_s)
+            await lane.drain(timeout_s)
 
     def usage(self, name: str) -> tuple[bool, float]:
         """(busy, last used on the monotonic clock) of the model's lane."""

@@ -1,5 +1,5 @@
 """Fakes for the proxy's tests: an upstream source with a settable snapshot, the fast fake llama-server
-(shared with the proxy cost benchmark, which ships it), and an in-process uvicorn runner on a free port."""
+(``fake_llama``, which the proxy cost benchmark runs too), and an in-process uvicorn runner on a free port."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from contextlib import asynccontextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
-from proxy.readiness import UpstreamSnapshot
-from supervisor.bench.fake_llama import FakeLlama
+from proxy.models.lane import ModelEntry
+from proxy.source import UpstreamSnapshot
+from tests.fakes.fake_llama import FakeLlama
 
-__all__ = ["FakeLlama", "StaticSource", "eventually", "serve", "snapshot_for"]
+__all__ = ["FakeLlama", "StaticSource", "eventually", "one_model", "serve", "snapshot_for"]
 
 
 async def eventually(predicate: Callable[[], bool], deadline_s: float = 5.0) -> None:
@@ -73,3 +74,8 @@ async def serve(app: ASGIApp) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+def one_model(source: StaticSource, *aliases: str) -> list[ModelEntry]:
+    """What ``create_app`` serves for a test's one fake child: one model, named as its snapshot says."""
+    return [ModelEntry(source.snap.model_alias, aliases, source)]

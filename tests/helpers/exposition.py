@@ -15,9 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.llama_metrics import LlamaServerMetrics
-from proxy.readiness import UpstreamSnapshot
+from proxy.metrics.llama import ModelsLlamaMetrics
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings, TenantSettings
+from proxy.source import UpstreamSnapshot
 from supervisor.child.machine import GatePassed, Machine, Start
 from supervisor.child.restart import Policy
 from supervisor.daemon.metrics_collector import SupervisorCollector
@@ -75,10 +76,13 @@ def _llama_server(request: httpx.Request) -> httpx.Response:
 async def full_exposition() -> str:
     driver = FakeDriver()
     admin_key, admin = new_key("ops", frozenset({"admin", "inference"}))
-    llama = LlamaServerMetrics(driver.snapshot, "gate:8080", transport=httpx.MockTransport(_llama_server))
+    llama = ModelsLlamaMetrics.single(
+        driver.snapshot, "gate:8080", transport=httpx.MockTransport(_llama_server)
+    )
     app = create_app(
         ProxySettings(tenants=(TenantSettings("ops"),), keys=(admin,)),
         driver,
+        [ModelEntry("gemma-3-270m", (), driver)],
         extra_collectors=[
             SupervisorCollector.single(driver, lambda: "gemma-3-270m", clock=lambda: 2.0),
             llama,
@@ -95,7 +99,7 @@ async def full_exposition() -> str:
             return response.text
     finally:
         await llama.aclose()
-        await app.state.runtime.aclose()
+        await app.state.proxy.aclose()
 
 
 def exported_series(exposition: str) -> dict[str, set[str] | None]:

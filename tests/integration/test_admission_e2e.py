@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.auth import new_key
+from supervisor.config.keys import ADMIN, INFERENCE, new_key_config
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,11 +26,9 @@ MODEL = "gemma-3-270m"
 def _keys(*specs: tuple[str, bool]) -> tuple[list[str], list[dict[str, Any]]]:
     plain, entries = [], []
     for tenant, admin in specs:
-        key, entry = new_key(tenant, frozenset({"inference", "admin"} if admin else {"inference"}))
+        key, entry = new_key_config(tenant, ADMIN if admin else INFERENCE)
         plain.append(key)
-        entries.append(
-            {"id": entry.key_id, "digest": entry.digest, "tenant": tenant, "scopes": sorted(entry.scopes)}
-        )
+        entries.append(entry)
     return plain, entries
 
 

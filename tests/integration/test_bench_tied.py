@@ -1,7 +1,7 @@
-"""A ``bench`` command that is killed while the real llama-server it started is serving leaves no
-llama-server behind: SIGKILL (the kernel ends what it started: PR_SET_PDEATHSIG, also through a private
-daemon to the daemon's own child) and SIGTERM (handled like Ctrl-C: it stops what it started and exits
-130)."""
+"""A benchmark (``llamagate bench ...`` or ``python -m tests.benchmarks...``) that is killed while the
+real llama-server it started is serving leaves no llama-server behind: SIGKILL (the kernel ends what it
+started: PR_SET_PDEATHSIG, also through a private daemon to the daemon's own child) and SIGTERM (handled
+like Ctrl-C: it stops what it started and exits 130)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.integration.conftest import process_gone
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 180.0
 SIGNALS = pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 
@@ -93,19 +94,20 @@ def config(tmp_path: Path, llama_server_binary: Path, demo_model: Path, demo_mod
 
 
 class Bench:
-    """Starts ``llamagate bench ...``; remembers what it saw started, to clean up after a failed test."""
+    """Starts ``python -m MODULE ...``; remembers what it saw started, to clean up after a failed test."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.seen: list[psutil.Process] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, module: str, *args: str) -> subprocess.Popen[bytes]:
         # Its own session: nothing sent to it reaches pytest's process group.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "bench", *args],
+            [sys.executable, "-m", module, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=REPO,
         )
         self.procs.append(proc)
         return proc
@@ -150,7 +152,15 @@ def test_a_killed_experiment_leaves_no_llama_server(
 ) -> None:
     load = ["--concurrency", "1", "--requests", "100000", "--max-tokens", "16", "--prompts", "shared:256"]
     proc = bench.start(
-        "experiment", "cache-prompt", "--config", str(config), *load, "--out", str(tmp_path / "o")
+        "supervisor",
+        "bench",
+        "experiment",
+        "cache-prompt",
+        "--config",
+        str(config),
+        *load,
+        "--out",
+        str(tmp_path / "o"),
     )
     server = bench.server(proc)
     port = port_of(server)
@@ -166,7 +176,9 @@ def test_a_killed_experiment_leaves_no_llama_server(
 def test_a_killed_bench_with_a_private_daemon_leaves_neither_daemon_nor_llama_server(
     config: Path, bench: Bench, sig: signal.Signals
 ) -> None:
-    proc = bench.start("scrape", "--config", str(config), "--rounds", "1000", "--max-tokens", "8")
+    proc = bench.start(
+        "tests.benchmarks.scrape", "--config", str(config), "--rounds", "1000", "--max-tokens", "8"
+    )
     server = bench.server(proc)
     daemon = server.parent()
     assert daemon is not None and daemon.pid != proc.pid  # the bench's child is the daemon, not it

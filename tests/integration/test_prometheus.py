@@ -161,6 +161,7 @@ def samples_of(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]],
     }
 
 
+@pytest.mark.needs_tool("prometheus", "promtool")
 def test_prometheus_scrapes_proxy_llama_and_supervisor_series(
     daemon_factory: DaemonFactory, prometheus: Callable[[Daemon], Prometheus]
 ) -> None:
@@ -249,6 +250,7 @@ def test_prometheus_scrapes_proxy_llama_and_supervisor_series(
     scraped_ok(prom)
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_accepts_the_daemon_metrics_on_both_listeners(daemon_factory: DaemonFactory) -> None:
     metrics_port = free_port()
     daemon = daemon_factory({"proxy": {"metrics_listener": {"host": "127.0.0.1", "port": metrics_port}}})

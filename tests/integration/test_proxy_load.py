@@ -4,7 +4,7 @@ child's work, and a child killed mid-stream ends the client's stream with an err
 
 No assert here compares a duration with a constant: a busy machine must not fail them. They check who
 was admitted and refused and the order of events, with timestamps taken in this process compared with
-each other. How fast these things are is measured by `llamagate bench` and recorded in
+each other. How fast these things are is measured by the benchmarks and recorded in
 docs/benchmarks.md."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from proxy.auth import new_key
+from supervisor.config.keys import new_key_config
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
@@ -175,7 +175,7 @@ def test_two_tenants_hammering_both_progress(daemon_factory: DaemonFactory) -> N
             "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 20, "queue_timeout_s": 300}],
         }
     )
-    other_key, other = new_key("other", frozenset({"inference"}))
+    other_key, other = new_key_config("other")
     d.write_config(
         {
             "tenants": [
@@ -184,7 +184,7 @@ def test_two_tenants_hammering_both_progress(daemon_factory: DaemonFactory) -> N
             ],
             "keys": [
                 *d.config["keys"],
-                {"id": other.key_id, "digest": other.digest, "tenant": "other", "scopes": ["inference"]},
+                other,
             ],
         }
     )

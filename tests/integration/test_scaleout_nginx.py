@@ -22,14 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.auth import new_key
-from supervisor.bench.nginx import Nginx, nginx_binary, start_nginx
+from supervisor.bench.nginx import Nginx, start_nginx
+from supervisor.config.keys import ADMIN, new_key_config
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx")]
 
 REPLICAS = 3
 MODEL = "gemma-3-270m"
@@ -70,18 +67,11 @@ def chat(max_tokens: int, stream: bool) -> dict[str, Any]:
 @pytest.fixture
 def replicas(daemon_factory: DaemonFactory, tmp_path: Path) -> Iterator[ReplicaSet]:
     # One key valid on every replica, as in a real replica set (same ConfigMap and Secret everywhere).
-    key, entry = new_key("default", frozenset({"inference", "admin"}))
+    key, entry = new_key_config("default", ADMIN)
     overrides = {
         "llama": {"slots": 1, "threads": 1, "ctx_per_slot": 1024},
         "tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0}],
-        "keys": [
-            {
-                "id": entry.key_id,
-                "digest": entry.digest,
-                "tenant": "default",
-                "scopes": ["admin", "inference"],
-            }
-        ],
+        "keys": [entry],
         # A killed child stays down long enough for the requests below to meet its 503.
         "supervision": {"backoff_initial_s": 30, "backoff_max_s": 30},
         "proxy": {"drain_timeout_s": 60},

@@ -290,14 +290,11 @@ def test_status_command_exit_codes(daemon_factory: DaemonFactory) -> None:
 def test_sighup_reloads_keys_without_restart_and_restarts_on_llama_change(
     daemon_factory: DaemonFactory,
 ) -> None:
-    from proxy.auth import new_key
+    from supervisor.config.keys import new_key_config
 
     d = daemon_factory()
-    new_plain, entry = new_key("default", frozenset({"inference"}))
-    keys = [
-        *d.config["keys"],
-        {"id": entry.key_id, "digest": entry.digest, "tenant": "default", "scopes": ["inference"]},
-    ]
+    new_plain, entry = new_key_config("default")
+    keys = [*d.config["keys"], entry]
     headers = {"Authorization": f"Bearer {new_plain}"}
     assert httpx.get(f"{d.base_url}/v1/models", headers=headers, trust_env=False).status_code == 401
     d.write_config({"keys": keys})

@@ -7,8 +7,8 @@ page made went to the daemon's own origin, no Content-Security-Policy violation 
 logged, and status polls never overlapped. Then a daemon serving two models (one loaded, one on_demand
 and unloaded): a row per model, the page never loading the unloaded one, the playground's model select.
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (and ``selenium``, in the test extra). Without them
-the test is skipped, except under ``CI=true``, where it fails: CI must run it.
+Needs Debian's ``chromium`` and ``chromium-driver`` (the ``needs_tool`` marker: without them the tests
+are skipped, except under ``CI=true``, where they fail: CI must run them) and ``selenium`` (test extra).
 
 A screenshot of each view goes to ``$LLAMAGATE_SCREENSHOTS`` (default: the test's tmp folder, printed).
 """
@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,13 +32,14 @@ import uvicorn
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.model_router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings, TenantSettings
-from tests.fakes.fake_upstream import StaticSource, snapshot_for
+from tests.fakes.fake_upstream import StaticSource, one_model, snapshot_for
+from tests.helpers.system import require_tool
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 from tests.integration.test_multi_model_e2e import child_pid, two_models
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("chromium", "chromedriver")]
 
 MODEL = "gemma-3-270m"
 WRONG_KEY = "lg_0123456789ab_" + "A" * 43
@@ -61,38 +61,20 @@ CHROMIUM_FLAGS = (
 )
 
 
-def _missing_browser() -> str | None:
-    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package (pip install -e '.[test]')")
-    if not missing:
-        return None
-    return f"{', '.join(missing)} not found: install Debian's chromium and chromium-driver to run the UI test"
-
-
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    reason = _missing_browser()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = str(shutil.which("chromium"))
+    options.binary_location = require_tool("chromium")
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
     # Every network request of the page (CDP Network.* events), and its console (CSP reports, errors).
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     # An explicit driver path: Selenium Manager would otherwise try to download one.
-    service = Service(
-        executable_path=str(shutil.which("chromedriver")), log_output=str(tmp_path / "driver.log")
-    )
+    service = Service(executable_path=require_tool("chromedriver"), log_output=str(tmp_path / "driver.log"))
     driver = webdriver.Chrome(options=options, service=service)
     driver.set_page_load_timeout(60)
     try:
@@ -445,10 +427,7 @@ def proxy_in_thread(
 ) -> Iterator[str]:
     """The proxy app on a real port in a thread of its own (the browser test itself is synchronous);
     with ``models``, a several-model proxy routing to them, as the daemon sets it up."""
-    app = create_app(settings, source)
-    if models:
-        runtime = app.state.runtime
-        runtime.router = ModelRouter(runtime, models)
+    app = create_app(settings, source, models or one_model(source))
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="proxy", daemon=True)

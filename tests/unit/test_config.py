@@ -8,6 +8,7 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.config.load import load_config, parse_config, resolve_config_path
+from supervisor.config.models import served_models
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.config.schema import Config
 from supervisor.errors import ConfigError
@@ -197,7 +198,7 @@ logging: {{access_log: false}}
     )
     s = proxy_settings(cfg)
     assert s.listen.port == 9001
-    assert s.model_aliases == ("gpt-4o",)
+    assert served_models(cfg)[0].aliases == ("gpt-4o",)  # the proxy's ModelEntry for the one model
     assert s.drain_timeout_s == 5
     assert [t.name for t in s.tenants] == ["a", "b"]
     assert s.tenants[0].max_concurrency == 3 and s.tenants[0].weight == 2 and s.tenants[0].max_tokens == 100

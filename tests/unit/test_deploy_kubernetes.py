@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.readiness import UpstreamSnapshot
+from proxy.models.lane import ModelEntry
 from proxy.settings import ProxySettings
+from proxy.source import UpstreamSnapshot
 from supervisor.config.load import parse_config
 from supervisor.config.schema import Config
 
@@ -65,14 +66,14 @@ class _Upstream:
 
 
 def proxy_routes() -> set[str]:
-    app = create_app(ProxySettings(), _Upstream())
+    app = create_app(ProxySettings(), _Upstream(), [ModelEntry("m", (), _Upstream())])
     return {route.path for route in app.routes}  # type: ignore[attr-defined]
 
 
 def exported_metric_families() -> dict[str, str]:
     """name -> type of every series family the proxy's /metrics exposes."""
     registry = CollectorRegistry(auto_describe=True)
-    create_app(ProxySettings(), _Upstream(), registry=registry)
+    create_app(ProxySettings(), _Upstream(), [ModelEntry("m", (), _Upstream())], registry=registry)
     text = generate_latest(registry).decode()
     return {family.name: family.type for family in text_string_to_metric_families(text)}
 
@@ -202,7 +203,7 @@ def test_autoscaling_metrics_exist_in_the_proxy() -> None:
     # Only overload rejections should scale the service, not bad keys or bad requests.
     reasons = set(re.findall(r'reason=~"([^"]+)"', text))
     assert reasons, "the rejection-rate rule must filter by reason"
-    proxy_source = "\n".join(p.read_text() for p in (REPO / "proxy").glob("*.py"))
+    proxy_source = "\n".join(p.read_text() for p in (REPO / "proxy").rglob("*.py"))
     for alternatives in reasons:
         for reason in alternatives.split("|"):
             assert f'"{reason}"' in proxy_source, f"rejection reason {reason} does not exist in proxy/"

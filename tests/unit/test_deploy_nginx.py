@@ -84,7 +84,7 @@ def test_render_refuses_a_file_without_replica_lines() -> None:
         render_site(SHIPPED, [], 2)
 
 
-@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx)")
+@pytest.mark.needs_tool("nginx")
 @pytest.mark.parametrize("mode", ["balanced", "round-robin"])
 def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, mode: str) -> None:
     site = tmp_path / "site.conf"

@@ -85,6 +85,7 @@ def unit_text() -> str:
     return UNIT.read_text()
 
 
+@pytest.mark.needs_tool("systemd-analyze")
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path, unit_text: str) -> None:
     unit = installable_copy(tmp_path, unit_text)
     result = subprocess.run(
@@ -98,6 +99,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path, unit_text: str)
     assert result.returncode == 0 and not ours, result.stdout + result.stderr
 
 
+@pytest.mark.needs_tool("systemd-analyze")
 def test_security_exposure_is_at_most_2_5(tmp_path: Path, unit_text: str) -> None:
     level = exposure(installable_copy(tmp_path, unit_text))
     assert level <= MAX_EXPOSURE, f"exposure {level} > {MAX_EXPOSURE}: check `systemd-analyze security`"
@@ -107,6 +109,7 @@ def test_security_exposure_is_at_most_2_5(tmp_path: Path, unit_text: str) -> Non
         assert quoted == [f"{level:.1f}"], f"docs/{doc} quotes {quoted}, systemd-analyze says {level}"
 
 
+@pytest.mark.needs_tool("systemd-analyze")
 def test_exposure_check_fails_for_an_unhardened_unit(tmp_path: Path, unit_text: str) -> None:
     weakened = "\n".join(line for line in unit_text.splitlines() if not line.startswith(HARDENING_PREFIXES))
     assert exposure(installable_copy(tmp_path, weakened)) > MAX_EXPOSURE
@@ -152,6 +155,8 @@ def test_directories_and_user(unit_text: str) -> None:
     assert d["User"][0] not in ("root", "0")
     assert f"LLAMAGATE_CACHE_DIR=/var/cache/{d['CacheDirectory'][0]}" in d["Environment"]
     assert d["ConfigurationDirectory"] == ["llamagate"]
+    # The accounts store's default file lives in the state directory: the service user's alone.
+    assert d["StateDirectory"] == ["llamagate"] and d["StateDirectoryMode"] == ["0700"]
     # The secrets file is optional ("-") and read by systemd as root before privileges drop.
     assert d["EnvironmentFile"][0].startswith("-/etc/llamagate/")
     # The static user the unit names is the one the sysusers file creates.

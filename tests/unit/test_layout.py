@@ -1,8 +1,10 @@
-"""The folders of ``supervisor/`` are layers, and imports only point down (or sideways without a circle).
+"""The folders of ``supervisor/`` and of ``proxy/`` are layers, and imports only point down (or sideways
+without a circle).
 
-Read from every module's source with ``ast``, function-local imports included: a lazy import is still an
-arrow, and a circle hidden in a function is the kind this test exists to keep out. The order is the one
-README's layout block shows; a new module or folder fails here until it is placed in ``LAYERS``.
+Read from every module's source with ``ast``, function-local and ``TYPE_CHECKING`` imports included: a
+lazy import or one for a type is still an arrow, and a circle hidden in a function or behind
+``TYPE_CHECKING`` is the kind this test exists to keep out. The order is the one README's layout block
+shows; a new module or folder fails here until it is placed in its package's layers.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
-# Top to bottom. A unit is a subpackage of supervisor/ or a module directly in it ("supervisor" itself is
+# Top to bottom. A unit is a subpackage of the package or a module directly in it ("supervisor" itself is
 # its __init__, which holds __version__). Imports may point down or stay within a layer, never up.
-LAYERS: tuple[frozenset[str], ...] = (
+SUPERVISOR: tuple[frozenset[str], ...] = (
     frozenset({"cli", "__main__"}),  # the entry point: dispatches to a command by name
     frozenset({"commands", "bench"}),  # one module per subcommand; the benchmark client
     frozenset({"daemon"}),  # the running service
@@ -23,6 +27,17 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"launch"}),  # the llama-server command line: config checks it, the child runs it
     frozenset({"supervisor", "errors", "logs", "progress", "paths", "subproc", "interrupts"}),  # helpers
 )
+PROXY: tuple[frozenset[str], ...] = (
+    frozenset({"app"}),  # create_app: exact-path dispatch, the layer order
+    frozenset({"listener", "middleware", "routes"}),  # before the app; around every request; each path
+    frozenset({"state"}),  # the door's state: settings, keys, tenants, totals, the router
+    frozenset({"models", "metrics"}),  # which child answers; the series
+    # slots; the answer's way back; talking to the child; tenants' keys, ledger and budgets (the store)
+    frozenset({"admission", "streams", "upstream", "accounts"}),
+    frozenset({"proxy", "asgi", "auth", "errors", "settings", "source"}),  # helpers and the daemon's contract
+)
+LAYERS = {"supervisor": SUPERVISOR, "proxy": PROXY}
+PACKAGES = sorted(LAYERS)
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -53,14 +68,16 @@ def _imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
                 yield full if full in known else module
 
 
-def _graph(package: str) -> dict[str, set[str]]:
+def _graph(package: str, within: str | None = None) -> dict[str, set[str]]:
+    """``package``'s modules and their imports of ``within``'s modules (by default its own)."""
+    within = within or package
     mods = _modules(package)
-    known = set(mods)
+    known = set(mods) | set(_modules(within))
     return {
         name: {
             dep
             for dep in _imports(name, path, known)
-            if dep != name and (dep == "supervisor" or dep.startswith("supervisor."))
+            if dep != name and (dep == within or dep.startswith(within + "."))
         }
         for name, path in mods.items()
     }
@@ -94,42 +111,59 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def _layer_of() -> dict[str, int]:
-    return {unit: depth for depth, layer in enumerate(LAYERS) for unit in layer}
+def _layer_of(package: str) -> dict[str, int]:
+    return {unit: depth for depth, layer in enumerate(LAYERS[package]) for unit in layer}
 
 
-def test_every_unit_has_a_layer() -> None:
-    units = {_unit(m) for m in _modules("supervisor")}
-    layer = _layer_of()
-    assert sorted(units - set(layer)) == [], "place these in LAYERS (a folder by role, or a helper)"
-    assert sorted(set(layer) - units) == [], "LAYERS names units that do not exist"
-
-
-def test_no_import_points_up() -> None:
-    layer = _layer_of()
-    up = [
+def _upward(package: str, graph: dict[str, set[str]]) -> list[str]:
+    layer = _layer_of(package)
+    return [
         f"{mod} -> {dep}"
-        for mod, deps in _graph("supervisor").items()
+        for mod, deps in graph.items()
         for dep in sorted(deps)
         if layer.get(_unit(dep), -1) < layer.get(_unit(mod), -1)
     ]
-    assert up == []
 
 
-def test_no_circle_between_modules() -> None:
-    assert _cycle(_graph("supervisor")) is None
-
-
-def test_no_circle_between_folders() -> None:
+def _folders(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     units: dict[str, set[str]] = {}
-    for mod, deps in _graph("supervisor").items():
+    for mod, deps in graph.items():
         units.setdefault(_unit(mod), set()).update(_unit(d) for d in deps if _unit(d) != _unit(mod))
-    assert _cycle(units) is None
+    return units
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_unit_has_a_layer(package: str) -> None:
+    units = {_unit(m) for m in _modules(package)}
+    layer = _layer_of(package)
+    assert sorted(units - set(layer)) == [], "place these in the layers (a folder by role, or a helper)"
+    assert sorted(set(layer) - units) == [], "the layers name units that do not exist"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_points_up(package: str) -> None:
+    assert _upward(package, _graph(package)) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_circle_between_modules(package: str) -> None:
+    assert _cycle(_graph(package)) is None
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_circle_between_folders(package: str) -> None:
+    assert _cycle(_folders(_graph(package))) is None
 
 
 def test_proxy_never_imports_supervisor() -> None:
-    found = [f"{mod} -> {dep}" for mod, deps in _graph("proxy").items() for dep in sorted(deps)]
+    found = [f"{mod} -> {dep}" for mod, deps in _graph("proxy", "supervisor").items() for dep in sorted(deps)]
     assert found == []
+
+
+def test_proxys_top_level_holds_few_modules() -> None:
+    # Beside its role folders: app, state, source, settings, errors, auth (and the package's __init__).
+    top = sorted(p.stem for p in (REPO / "proxy").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 8, top
 
 
 def test_the_checks_see_circles_and_upward_arrows() -> None:
@@ -139,3 +173,9 @@ def test_the_checks_see_circles_and_upward_arrows() -> None:
     graph = _graph("supervisor")
     assert "supervisor.daemon.startcheck" in graph["supervisor.commands.config"]  # imported in a function
     assert "supervisor.artifacts.cmake" in graph["supervisor.artifacts.build"]  # `from package import module`
+    # An upward arrow planted in proxy/ (a lane importing the door's state, under TYPE_CHECKING as the old
+    # runtime <-> router circle did) is seen both as pointing up and as a circle.
+    planted = {mod: set(deps) for mod, deps in _graph("proxy").items()}
+    planted["proxy.models.lane"].add("proxy.state")
+    assert _upward("proxy", planted) == ["proxy.models.lane -> proxy.state"]
+    assert _cycle(planted) is not None and _cycle(_folders(planted)) is not None

@@ -262,6 +262,7 @@ def test_build_label_fallbacks(build: dict[str, object] | None, expected: str) -
     assert ServedLabels.from_identity(identity).llama_cpp_build == expected
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_accepts_the_supervisor_series() -> None:
     h = Harness(pid=None)
     h.step(Start(), 0.0)
@@ -301,6 +302,7 @@ def of(model: str, **labels: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({"model": model, **labels}.items()))
 
 
+@pytest.mark.needs_tool("promtool")
 def test_several_models_one_sample_set_each_and_the_host_series_once() -> None:
     chat, embed = Harness(alias="chat"), Harness(alias="embed")
     chat.step(Start(), 0.0)

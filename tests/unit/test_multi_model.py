@@ -11,7 +11,8 @@ from typing import Any, cast
 import pytest
 
 from proxy.errors import BadRequest, Forbidden, ModelNotFound, NotReady
-from proxy.model_router import ModelEntry, ModelRouter
+from proxy.models.lane import ModelEntry
+from proxy.models.router import ModelRouter
 from proxy.settings import TenantSettings
 from supervisor.config.load import parse_config
 from supervisor.config.models import served_models
@@ -81,22 +82,27 @@ def test_models_problems_are_reported_by_their_path() -> None:
 
 # --- routing -----------------------------------------------------------------------------------------
 def router() -> ModelRouter:
-    from prometheus_client import CollectorRegistry
-
-    from proxy.metrics import ProxyMetrics
-    from proxy.runtime import ProxyRuntime
-    from proxy.settings import ProxySettings
-
     def source() -> StaticSource:
         return StaticSource(snapshot_for("http://127.0.0.1:1", "s"))
 
-    settings = ProxySettings(tenants=(TenantSettings("t"),), keys=())
-    main = ProxyRuntime(settings, source(), ProxyMetrics(CollectorRegistry()))
     entries = [
         ModelEntry("chat", ("c", "gpt"), source()),
         ModelEntry("embed", (), source(), "on_demand"),
     ]
-    return ModelRouter(main, entries)
+    return ModelRouter(entries, (TenantSettings("t"),))
+
+
+def test_one_model_may_be_named_by_its_name_an_alias_or_not_at_all() -> None:
+    # Was the one-model daemon's check_model: the router of one lane answers the same.
+    r = ModelRouter([ModelEntry("m", ("gpt-4o-mini",), StaticSource(snapshot_for(None, None)))], ())
+    assert r.resolve(None, None).name == "m"
+    assert r.resolve("m", None).name == "m"
+    assert r.resolve("gpt-4o-mini", None).name == "m"
+    with pytest.raises(ModelNotFound) as info:
+        r.resolve("other", None)
+    assert info.value.status == 404 and info.value.code == "model_not_found"
+    with pytest.raises(ModelNotFound):
+        r.resolve(7, None)
 
 
 def test_the_model_field_picks_a_lane_by_name_or_alias_and_tenants_may_be_limited() -> None:
@@ -105,7 +111,7 @@ def test_the_model_field_picks_a_lane_by_name_or_alias_and_tenants_may_be_limite
     assert r.resolve("chat", anyone).name == "chat"
     assert r.resolve("gpt", anyone).name == "chat"
     assert r.resolve("embed", anyone).name == "embed"
-    assert r.lanes["chat"].runtime.admission is not r.lanes["embed"].runtime.admission  # a gate each
+    assert r.lanes["chat"].admission is not r.lanes["embed"].admission  # a gate each
     with pytest.raises(ModelNotFound, match="'nope' does not exist; this server serves 'chat', 'embed'"):
         r.resolve("nope", anyone)
     with pytest.raises(BadRequest, match="'model' is required"):

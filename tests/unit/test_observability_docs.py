@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import ProxyMetrics
+from proxy.metrics.proxy import ProxyMetrics
 from tests.helpers.exposition import full_exposition
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "observability.md"

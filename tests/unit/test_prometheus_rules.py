@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import promtool
@@ -16,12 +17,14 @@ RULES = PROM / "llamagate.rules.yml"
 REQUIRED_TESTED_ALERTS = {"LlamagateCrashLoop", "LlamagateChildNotReady", "LlamagateTTFTHigh"}
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_check_rules() -> None:
     result = promtool.run("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 9 rules found" in result.stdout
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_test_rules() -> None:
     tests = sorted((PROM / "tests").glob("*.yml"))
     assert tests
@@ -41,6 +44,7 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
     assert fired == alerts, f"alerts without a firing test: {sorted(alerts - fired)}"
 
 
+@pytest.mark.needs_tool("promtool")
 def test_promtool_check_scrape_config(tmp_path: Path) -> None:
     # promtool insists the credentials file exists; point it at a private one, keep everything else.
     config = yaml.safe_load((PROM / "prometheus.yml").read_text())

@@ -92,12 +92,26 @@ def test_a_file_that_is_not_a_tarball_is_a_clear_error(tmp_path: Path) -> None:
 # --- Python 3.11.0-3.11.3 (Debian 12's python3 is 3.11.2): tarfile without extraction filters.
 
 
+def _no_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
+    return member
+
+
 class _TarFileWithoutFilters(tarfile.TarFile):
+    """3.11.2's TarFile, on 3.11.2 and on any newer Python.
+
+    Where tarfile has filters, ``extractall()`` called without ``filter=`` applies the class's
+    ``extraction_filter`` (unset: a DeprecationWarning on 3.12-3.13, the ``data`` filter from 3.14); one
+    that returns every member unchanged makes it extract as 3.11.2 does, without the stand-in ever
+    passing ``filter=`` (which 3.11.2 does not have). 3.11.2 knows no ``extraction_filter`` and ignores it.
+    """
+
+    extraction_filter = staticmethod(_no_filter)
+
     def extractall(  # type: ignore[override]
         self, path: Any = ".", members: Any = None, *, numeric_owner: bool = False
     ) -> None:
         """3.11.2's signature: no ``filter`` argument (passing one is a TypeError), no filtering."""
-        super().extractall(path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+        super().extractall(path, members, numeric_owner=numeric_owner)
 
 
 _FILTER_NAMES = {"data_filter", "tar_filter", "fully_trusted_filter", "FilterError"}

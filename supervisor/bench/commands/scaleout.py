@@ -28,7 +28,7 @@ from typing import Any
 from supervisor.bench import options
 from supervisor.bench.client import Target
 from supervisor.bench.launcher import (
-    Launched,
+    PrivateDaemon,
     deep_merge,
     llamagate_overrides,
     read_base_config,
@@ -135,7 +135,7 @@ def _handle(args: argparse.Namespace) -> int:
     shared, key = replica_overrides()
     base = read_base_config(args.config)
     per_replica = {"llama": {"slots": 1, "threads": 1, "ctx_per_slot": args.ctx_per_slot}}
-    launched: list[Launched] = []
+    launched: list[PrivateDaemon] = []
     rows: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="llamagate-scaleout-") as tmp:
@@ -144,7 +144,7 @@ def _handle(args: argparse.Namespace) -> int:
                     deep_merge(deep_merge(base, per_replica), shared), {"proxy": {"port": free_port()}}
                 )
                 launched.append(start_llamagate(cfg, key, Path(tmp) / f"replica{i}", progress=progress))
-            addrs = [f"127.0.0.1:{launch.target.base_url.rsplit(':', 1)[1]}" for launch in launched]
+            addrs = [f"127.0.0.1:{launch.port}" for launch in launched]
             for round_no in range(1, args.rounds + 1):
                 order: list[Mode] = list(MODES) if round_no % 2 else list(reversed(MODES))
                 for mode in order:

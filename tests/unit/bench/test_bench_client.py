@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor.bench.client import Target, stream_chat
+from supervisor.bench.client import Target, stream_chat, time_reply
 
 
 def sse(*events: Any, done: bool = True) -> list[bytes]:
@@ -225,3 +225,45 @@ async def test_long_error_bodies_are_truncated() -> None:
 def test_target_roots(url: str, api: str, server: str) -> None:
     t = Target(url)
     assert (t.api_root, t.server_root) == (api, server)
+
+
+def test_an_answer_read_by_another_client_is_timed_the_same_way() -> None:
+    """``time_reply`` (the proxy cost benchmark's lean transport) reads what ``stream_chat`` reads: a line
+    is timed at the chunk that completes it, even when an event is split across chunks."""
+    first, second = (f"data: {json.dumps(chunk(t))}\n\n".encode() for t in ("a", "b"))
+    chunks = [
+        (1.0, b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'),
+        (2.0, first[:10]),
+        (3.0, first[10:]),
+        (4.0, second + f"data: {json.dumps(TIMINGS)}\n\n".encode()),
+        (5.0, b"data: [DONE]\n\n"),
+    ]
+    ex = time_reply(200, None, b"", chunks, 0.5, 6.0)
+    assert (ex.outcome, ex.status, ex.error) == ("ok", 200, None)
+    assert (ex.t_send, ex.t_first_content, ex.t_last_content, ex.t_end) == (0.5, 3.0, 4.0, 5.0)
+    assert ex.content_events == 2 and ex.completion_tokens == 3
+
+
+def test_a_refusal_and_a_cut_stream_read_by_another_client() -> None:
+    body = json.dumps({"error": {"message": "tenant queue is full", "code": 429}}).encode()
+    refused = time_reply(429, "2", body, [], 1.0, 1.25)
+    assert (refused.outcome, refused.reason) == ("rejected", "HTTP 429")
+    assert refused.error == "tenant queue is full"
+    assert (refused.retry_after_s, refused.t_end) == (2.0, 1.25)
+    cut = time_reply(200, None, b"", [(2.0, f"data: {json.dumps(chunk('a'))}\n\n".encode())], 1.0, 3.0)
+    assert (cut.outcome, cut.reason, cut.t_end) == ("failed", "stream ended without [DONE]", 3.0)
+
+
+async def test_a_client_that_leaves_after_the_first_token_closes_the_stream() -> None:
+    sent: list[int] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        for i, text in enumerate(("a", "b", "c")):
+            sent.append(i)
+            yield f"data: {json.dumps(chunk(text))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    async with client_for(lambda r: httpx.Response(200, content=body())) as client:
+        ex = await stream_chat(client, TARGET, BODY, 30.0, leave_after_first=True)
+    assert ex.left and ex.outcome == "cancelled" and ex.content_events == 1
+    assert sent == [0]  # nothing more was read off the connection

@@ -1,7 +1,7 @@
-"""A ``bench`` command killed while it runs leaves none of the processes it started: SIGKILL (nothing of
-it runs: the kernel ends them, PR_SET_PDEATHSIG) and SIGTERM (handled like Ctrl-C: it stops them itself
-and exits 130). ``bench proxy --phases fake`` starts two Python servers and needs no model; the same with
-the real llama-server is in tests/integration/test_bench_tied.py."""
+"""A benchmark killed while it runs leaves none of the processes it started: SIGKILL (nothing of it
+runs: the kernel ends them, PR_SET_PDEATHSIG) and SIGTERM (handled like Ctrl-C: it stops them itself and
+exits 130). ``python -m tests.benchmarks.proxy --phases fake`` starts two Python servers and needs no
+model; the same with the real llama-server is in tests/integration/test_bench_tied.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+REPO = Path(__file__).resolve().parents[3]
 DEADLINE_S = 60.0
 
 
@@ -46,16 +47,18 @@ def servers_of(pid: int) -> list[int]:
             cmdline = " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if "supervisor.bench.fake_llama" in cmdline or "supervisor.bench.proxy_server" in cmdline:
+        if "tests.fakes.fake_llama" in cmdline or "tests.benchmarks.proxy_server" in cmdline:
             out.append(child.pid)
     return out
 
 
 def start_bench(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
-    argv = [sys.executable, "-m", "supervisor", "bench", "proxy", "--phases", "fake"]
+    argv = [sys.executable, "-m", "tests.benchmarks.proxy", "--phases", "fake"]
     argv += ["--requests", "10000000", "--out", str(tmp_path / "proxy.json")]
     # A session of its own: nothing sent to it can reach pytest's process group.
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, cwd=REPO
+    )
     try:
         wait_for(lambda: len(servers_of(proc.pid)) == 2, "both servers to run", proc)
     except BaseException:

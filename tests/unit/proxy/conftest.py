@@ -14,9 +14,11 @@ from starlette.applications import Starlette
 
 from proxy.app import create_app
 from proxy.auth import new_key
-from proxy.runtime import ProxyRuntime
+from proxy.models.lane import Lane, ModelEntry
+from proxy.models.router import ModelRouter
 from proxy.settings import KeyEntry, ProxySettings, TenantSettings, Timeouts
-from tests.fakes.fake_upstream import FakeLlama, StaticSource, serve, snapshot_for
+from proxy.state import ProxyState
+from tests.fakes.fake_upstream import FakeLlama, StaticSource, one_model, serve, snapshot_for
 
 SECRET = "per-boot-secret-xyz"
 
@@ -39,10 +41,25 @@ class Proxy:
     settings: ProxySettings
 
     @property
-    def runtime(self) -> ProxyRuntime:
-        rt = self.app.state.runtime
-        assert isinstance(rt, ProxyRuntime)
-        return rt
+    def state(self) -> ProxyState:
+        state = self.app.state.proxy
+        assert isinstance(state, ProxyState)
+        return state
+
+    @property
+    def lane(self) -> Lane:
+        """The one model's lane (its admission gate)."""
+        (lane,) = self.state.router.lanes.values()
+        return lane
+
+    def serve_models(self, *entries: ModelEntry) -> ModelRouter:
+        """Serve ``entries`` in place of the one model, as a SIGHUP that changes the models does."""
+        router = self.state.router
+        for name in list(router.lanes):
+            router.remove(name)
+        for entry in entries:
+            router.add(entry)
+        return router
 
     def client(self, key: str | None = "user", **kw: object) -> httpx.AsyncClient:
         headers = {"authorization": f"Bearer {self.keys[key]}"} if key else {}
@@ -60,7 +77,6 @@ def default_settings(entries: dict[str, KeyEntry], **changes: object) -> ProxySe
             TenantSettings("ops", max_concurrency=4, max_queue=8, queue_timeout_s=10),
         ),
         keys=tuple(entries.values()),
-        model_aliases=("gpt-4o-mini",),
         max_body_bytes=64 * 1024,
         timeouts=Timeouts(connect_s=2, first_token_s=30, total_s=60),
     )
@@ -87,7 +103,7 @@ def proxy_factory() -> ProxyFactory:
             keys[name], entries[name] = new_key(tenant, frozenset(scopes))  # type: ignore[arg-type]
         settings = default_settings(entries, **changes)
         source = StaticSource(snapshot_for(fake.base_url, SECRET, **(snapshot or {})))
-        app = create_app(settings, source)
+        app = create_app(settings, source, one_model(source, "gpt-4o-mini"))
         async with serve(app) as url:
             yield Proxy(app, url, source, fake, keys, entries, settings)
         await fake.stop()

@@ -85,13 +85,13 @@ async def test_a_freed_slot_goes_to_a_queued_request_only_within_its_tenants_lim
         ]
         await wait_for(lambda: p.fake.active == 2)
         queued = asyncio.ensure_future(team.post("/v1/chat/completions", json=CHAT))
-        await wait_for(lambda: p.runtime.queued == 1)
+        await wait_for(lambda: p.state.queued == 1)
         # Another tenant's request comes and goes: its permit frees a slot, and the slots are not full,
         # but "team" is still at its limit, so its queued request must stay queued.
         async with p.client("other") as other:
             assert (await other.post("/v1/chat/completions", json=CHAT)).status_code == 200
-        assert p.runtime.queued == 1 and not queued.done()
-        assert {load.name: load.in_flight for load in p.runtime.admission.loads()}["team"] == 2
+        assert p.state.queued == 1 and not queued.done()
+        assert {load.name: load.in_flight for load in p.lane.admission.loads()}["team"] == 2
         assert p.fake.max_active == 3  # team's 2 and the other tenant's 1
         for task in held:
             task.cancel()
@@ -115,7 +115,7 @@ async def test_two_tenants_hammering_both_progress(proxy_factory: ProxyFactory) 
         # The single client of "other" finished long before the 4 clients of "user" did: it got turns.
         assert max(done["other"]) < max(done["user"])
         assert p.fake.max_active <= 2
-        assert p.runtime.in_flight == 0 and p.runtime.queued == 0
+        assert p.state.in_flight == 0 and p.state.queued == 0
 
 
 async def test_disconnect_mid_stream_releases_the_permit_and_cancels_upstream(
@@ -128,8 +128,8 @@ async def test_disconnect_mid_stream_releases_the_permit_and_cancels_upstream(
             async for line in r.aiter_lines():
                 if "tok" in line:
                     break
-            assert p.runtime.in_flight == 1
-        await wait_for(lambda: p.runtime.in_flight == 0)
+            assert p.state.in_flight == 1
+        await wait_for(lambda: p.state.in_flight == 0)
         await wait_for(lambda: p.fake.client_gone == 1 and p.fake.active == 0)
         await wait_for(
             lambda: any(getattr(rec, "fields", {}).get("outcome") == "client_gone" for rec in caplog.records)
@@ -139,14 +139,14 @@ async def test_disconnect_mid_stream_releases_the_permit_and_cancels_upstream(
 async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory(tenants=limited(1, 5)) as p, p.client() as c:
         holder = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 1000}))
-        await wait_for(lambda: p.runtime.in_flight == 1)
+        await wait_for(lambda: p.state.in_flight == 1)
         queued = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
-        await wait_for(lambda: p.runtime.queued == 1)
+        await wait_for(lambda: p.state.queued == 1)
         queued.cancel()
-        await wait_for(lambda: p.runtime.queued == 0)
+        await wait_for(lambda: p.state.queued == 0)
         assert (await holder).status_code == 200
         assert p.fake.requests == 1  # the abandoned one never reached the child
-        await wait_for(lambda: p.runtime.in_flight == 0)
+        await wait_for(lambda: p.state.in_flight == 0)
 
 
 async def test_storm_of_cancellations_leaves_gauges_at_zero(proxy_factory: ProxyFactory) -> None:
@@ -159,7 +159,7 @@ async def test_storm_of_cancellations_leaves_gauges_at_zero(proxy_factory: Proxy
 
         async def watch_tenants() -> None:
             while storming:
-                for load in p.runtime.admission.loads():
+                for load in p.lane.admission.loads():
                     most[load.name] = max(most.get(load.name, 0), load.in_flight)
                 await asyncio.sleep(0)
 
@@ -199,7 +199,7 @@ async def test_storm_of_cancellations_leaves_gauges_at_zero(proxy_factory: Proxy
         assert {s for s, _ in answers} == {200, 429}  # the queue limit was reached, too
         # Per tenant: never more than its limit of 3, even when a queued request was dispatched.
         assert all(n <= 3 for n in most.values()) and max(most.values()) == 3, most
-        await wait_for(lambda: p.runtime.in_flight == 0 and p.runtime.queued == 0 and p.runtime.active == 0)
+        await wait_for(lambda: p.state.in_flight == 0 and p.state.queued == 0 and p.state.active == 0)
         await wait_for(lambda: p.fake.active == 0)
         assert p.fake.max_active <= 4
         assert await gauges(p) == {"llamagate_in_flight_requests": 0, "llamagate_queued_requests": 0}
@@ -217,7 +217,7 @@ async def test_child_dying_mid_stream_ends_the_stream_with_an_error_event(
         last = json.loads(lines[-1][6:])
         assert last["error"]["type"] == "upstream_error"
         assert sum("tok" in line for line in lines) == 3
-        assert p.runtime.in_flight == 0
+        assert p.state.in_flight == 0
 
 
 async def test_first_token_deadline(proxy_factory: ProxyFactory) -> None:
@@ -227,7 +227,7 @@ async def test_first_token_deadline(proxy_factory: ProxyFactory) -> None:
         assert r.status_code == 504
         assert "first token" in r.json()["error"]["message"]
         await wait_for(lambda: p.fake.client_gone == 1)  # the child was told (its socket closed)
-        assert p.runtime.in_flight == 0
+        assert p.state.in_flight == 0
 
 
 async def test_total_deadline_mid_stream(proxy_factory: ProxyFactory) -> None:
@@ -237,7 +237,7 @@ async def test_total_deadline_mid_stream(proxy_factory: ProxyFactory) -> None:
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = [line async for line in r.aiter_lines() if line]
         assert json.loads(lines[-1][6:])["error"]["type"] == "upstream_timeout"
-        assert p.runtime.in_flight == 0
+        assert p.state.in_flight == 0
 
 
 async def test_capacity_follows_the_childs_slots(proxy_factory: ProxyFactory) -> None:
@@ -257,28 +257,28 @@ async def test_capacity_follows_the_childs_slots(proxy_factory: ProxyFactory) ->
 async def test_reload_swaps_limits_without_leaking_permits(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory(tenants=limited(1, 10)) as p, p.client() as c:
         first = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 300}))
-        await wait_for(lambda: p.runtime.in_flight == 1)
-        p.runtime.reload(dataclasses.replace(p.settings, tenants=limited(3, 10)))
+        await wait_for(lambda: p.state.in_flight == 1)
+        p.state.reload(dataclasses.replace(p.settings, tenants=limited(3, 10)))
         more = [
             asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 300}))
             for _ in range(2)
         ]
-        await wait_for(lambda: p.runtime.in_flight == 3)
+        await wait_for(lambda: p.state.in_flight == 3)
         results = await asyncio.gather(first, *more)
         assert [r.status_code for r in results] == [200, 200, 200]
-        assert p.runtime.in_flight == 0
+        assert p.state.in_flight == 0
 
 
 async def test_drain_waits_for_in_flight_requests(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory() as p, p.client() as c:
-        assert await p.runtime.drain(0.1)
+        assert await p.state.drain(0.1)
         pending = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 300}))
-        await wait_for(lambda: p.runtime.in_flight == 1)
+        await wait_for(lambda: p.state.in_flight == 1)
         p.source.update(ready=False, state="STOPPING", reason="draining")
-        assert not await p.runtime.drain(0.01)
+        assert not await p.state.drain(0.01)
         refused = await c.post("/v1/chat/completions", json=CHAT)
         assert refused.status_code == 503
-        assert await p.runtime.drain(5.0)
+        assert await p.state.drain(5.0)
         assert (await pending).status_code == 200
 
 

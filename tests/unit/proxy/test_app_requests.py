@@ -210,7 +210,7 @@ async def test_revoked_key_is_refused_after_reload(proxy_factory: ProxyFactory) 
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
         import dataclasses
 
-        p.runtime.reload(dataclasses.replace(p.settings, keys=(p.entries["admin"],)))
+        p.state.reload(dataclasses.replace(p.settings, keys=(p.entries["admin"],)))
         r = await c.post("/v1/chat/completions", json=CHAT)
         assert_error_shape(r, 401)
 
@@ -361,7 +361,7 @@ async def test_unreachable_child_is_503_with_retry_after(proxy_factory: ProxyFac
         r = await c.post("/v1/chat/completions", json=CHAT)
         assert assert_error_shape(r, 503, "not_ready")["type"] == "unavailable_error"
         assert r.headers["retry-after"] == "1"
-        assert p.runtime.in_flight == 0
+        assert p.state.in_flight == 0
 
 
 async def test_head_only_on_the_probes(proxy_factory: ProxyFactory) -> None:

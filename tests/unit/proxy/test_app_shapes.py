@@ -20,14 +20,14 @@ async def test_a_wide_request_takes_its_slots_and_a_too_wide_one_is_400(proxy_fa
             async for line in r.aiter_lines():
                 if "tok" in line:
                     break
-            assert p.runtime.in_flight == 2
+            assert p.state.in_flight == 2
             queued = asyncio.ensure_future(c.post("/v1/completions", json={**CMPL, "max_tokens": 1}))
-            await eventually(lambda: p.runtime.queued == 1)
+            await eventually(lambda: p.state.queued == 1)
         assert (await queued).status_code == 200
         r2 = await c.post("/v1/completions", json={**CMPL, "n": 3})
         assert r2.status_code == 400 and "server's 2 slots" in r2.json()["error"]["message"]
         assert p.fake.requests == 2  # the refused one never reached the child
-        await eventually(lambda: p.runtime.in_flight == 0)
+        await eventually(lambda: p.state.in_flight == 0)
 
 
 async def test_non_streamed_answers_come_from_a_child_stream(proxy_factory: ProxyFactory) -> None:
@@ -51,4 +51,4 @@ async def test_a_non_streamed_client_that_leaves_stops_the_child(proxy_factory: 
         await eventually(lambda: p.fake.active == 1)
         pending.cancel()
         await eventually(lambda: p.fake.client_gone == 1 and p.fake.active == 0)
-        await eventually(lambda: p.runtime.in_flight == 0 and p.runtime.lingering == 0)
+        await eventually(lambda: p.state.in_flight == 0 and p.state.lingering == 0)

@@ -13,7 +13,7 @@ import httpx
 from proxy.app import create_app
 from proxy.auth import new_key
 from proxy.settings import KeyEntry, TenantSettings, Timeouts
-from tests.fakes.fake_upstream import FakeLlama, StaticSource, eventually, serve, snapshot_for
+from tests.fakes.fake_upstream import FakeLlama, StaticSource, eventually, one_model, serve, snapshot_for
 from tests.unit.proxy.conftest import SECRET, ProxyFactory, default_settings
 from tests.unit.proxy.raw_upstream import Handler, RawRequest, RawUpstream
 
@@ -30,7 +30,8 @@ async def proxy_on(
     for name, tenant, scopes in (("user", "team", {"inference"}), ("admin", "ops", {"inference", "admin"})):
         keys[name], entries[name] = new_key(tenant, frozenset(scopes))  # type: ignore[arg-type]
     settings = default_settings(entries, **changes)
-    app = create_app(settings, StaticSource(snapshot_for(server.base_url, SECRET, **(snapshot or {}))))
+    source = StaticSource(snapshot_for(server.base_url, SECRET, **(snapshot or {})))
+    app = create_app(settings, source, one_model(source, "gpt-4o-mini"))
     try:
         async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=DEADLINE_S) as client:
             client.headers["authorization"] = f"Bearer {keys['admin']}"
@@ -52,7 +53,7 @@ async def hang_until_hung_up(request: RawRequest) -> bool:
 async def test_admin_and_model_routes_have_a_deadline() -> None:
     fast = Timeouts(connect_s=2, first_token_s=0.3, total_s=60)
     async with proxy_on(hang_until_hung_up, timeouts=fast) as (client, server):
-        for path in ("/slots", "/v1/models"):
+        for path in ("/slots", "/props"):
             r = await client.get(path)
             assert r.status_code == 504, r.text
             assert r.json()["error"]["code"] == "upstream_timeout"
@@ -125,7 +126,7 @@ async def test_a_restart_during_the_upload_sends_the_prompt_check_to_the_new_chi
 
         try:
             task = asyncio.ensure_future(c.post("/v1/completions", content=upload()))
-            await eventually(lambda: p.runtime.active == 1, DEADLINE_S)
+            await eventually(lambda: p.state.active == 1, DEADLINE_S)
             await p.fake.stop()  # the child dies while the body is on its way
             p.source.update(base_url=new.base_url, generation=2)
             gate.set()

@@ -1,0 +1,108 @@
+"""The usage ledger's queue: ``charge`` on the request path costs an append, never a disk write.
+
+The writer thread (``writer``) takes batches from here and writes each in one transaction. A batch that
+could not be written (a full disk) goes back to the front, in order, and is tried again, so nothing is
+lost or written twice while memory lasts; past ``max_pending`` records a new one is dropped and counted
+(``dropped``): memory stays bounded however long the disk stays full, and what was already written
+stays written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.accounts.records import UsageRecord
+
+log = logging.getLogger("llamagate.accounts")
+
+# About 200 bytes each in memory: 100k records are ~20 MB, an hour of a busy host's requests.
+MAX_PENDING = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    pending: int  # charged, not written yet (a gauge)
+    written: int  # written since start (a counter)
+    unwritten: int  # records whose first write failed (a counter; they are retried, and most get written)
+    dropped: int  # records lost: charged while max_pending were already waiting (a counter)
+    write_errors: int  # failed batch writes (a counter)
+
+
+class Ledger:
+    def __init__(self, max_pending: int = MAX_PENDING, batch_size: int = 500) -> None:
+        self.max_pending = max_pending
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+        self._retry: deque[UsageRecord] = deque()  # a failed batch, first in line
+        self._fresh: deque[UsageRecord] = deque()
+        self._written = 0
+        self._unwritten = 0
+        self._dropped = 0
+        self._write_errors = 0
+        self._dropping = False
+        # Set when a batch is full, so the writer does not wait for its next tick.
+        self.batch_ready = threading.Event()
+
+    def charge(self, record: UsageRecord) -> None:
+        with self._lock:
+            if len(self._retry) + len(self._fresh) >= self.max_pending:
+                self._dropped += 1
+                first = not self._dropping
+                self._dropping = True
+            else:
+                self._fresh.append(record)
+                first = False
+                if len(self._fresh) >= self.batch_size:
+                    self.batch_ready.set()
+        if first:
+            log.error(
+                "usage ledger: %d records wait for the store, the most it holds in memory; new ones are "
+                "dropped and counted until the store takes writes again",
+                self.max_pending,
+            )
+
+    def take(self) -> tuple[list[UsageRecord], int]:
+        """Up to one batch, oldest first, and how many of it are new (never tried before)."""
+        with self._lock:
+            out: list[UsageRecord] = []
+            while self._retry and len(out) < self.batch_size:
+                out.append(self._retry.popleft())
+            fresh = 0
+            while self._fresh and len(out) < self.batch_size:
+                out.append(self._fresh.popleft())
+                fresh += 1
+            if len(self._fresh) < self.batch_size:
+                self.batch_ready.clear()
+            return out, fresh
+
+    def written(self, count: int) -> None:
+        with self._lock:
+            self._written += count
+            if self._dropping and len(self._retry) + len(self._fresh) < self.max_pending:
+                self._dropping = False
+
+    def failed(self, batch: Sequence[UsageRecord], fresh: int) -> None:
+        """Put a batch that was not written back at the front, in its order."""
+        with self._lock:
+            self._retry.extendleft(reversed(batch))
+            self._unwritten += fresh
+            self._write_errors += 1
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._retry) + len(self._fresh)
+
+    def stats(self) -> LedgerStats:
+        with self._lock:
+            return LedgerStats(
+                pending=len(self._retry) + len(self._fresh),
+                written=self._written,
+                unwritten=self._unwritten,
+                dropped=self._dropped,
+                write_errors=self._write_errors,
+            )

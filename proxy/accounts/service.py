@@ -1,0 +1,126 @@
+"""``Accounts``: the store, its key view, the budgets, the ledger and the writer, started and stopped
+together. This is what the daemon builds (one per process, from ``ProxySettings.store``) and what the
+request path calls; each method says on which thread it may run.
+
+Request path (event loop, never blocks on the disk):
+    key = accounts.authenticate(token, now)            # AccountKey | None; records the key's last use
+    got = accounts.admit(tenant, key_id, now, key_budgets=..., reserve=...)   # Ticket | Refusal
+    headers = accounts.headers(tenant, key_id, now, key_budgets=...)
+    accounts.finish(ticket, UsageRecord(...))           # after the answer, with the child's usage
+Daemon life (any thread; ``flush`` blocks, so from the loop: ``await asyncio.to_thread(...)``):
+    Accounts.open(settings.store, settings.tenants) -> start() -> ... flush(timeout) -> close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from proxy.accounts.budgets import Budgets, Refusal, Ticket
+from proxy.accounts.keyview import POLL_S, AccountKey, KeyView
+from proxy.accounts.ledger import Ledger, LedgerStats
+from proxy.accounts.records import UsageRecord
+from proxy.accounts.sqlite import open_store
+from proxy.accounts.store import Store
+from proxy.accounts.writer import Retention, StoreWriter
+from proxy.settings import BudgetSettings, StoreSettings, TenantSettings
+
+
+def tenant_budgets(tenants: Iterable[TenantSettings]) -> dict[str, BudgetSettings]:
+    return {t.name: t.budgets for t in tenants}
+
+
+class Accounts:
+    def __init__(
+        self,
+        store: Store,
+        tenants: Iterable[TenantSettings] = (),
+        *,
+        retention: Retention | None = None,
+        poll_s: float = POLL_S,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.budgets = Budgets(tenant_budgets(tenants))
+        self.ledger = Ledger()
+        self.view = KeyView(store, poll_s)
+        self.writer = StoreWriter(
+            store,
+            self.ledger,
+            self.budgets,
+            self.view,
+            interval_s=interval_s,
+            retention=retention,
+            clock=clock,
+        )
+        self._clock = clock
+        self._closed = False
+
+    @classmethod
+    def open(cls, settings: StoreSettings, tenants: Iterable[TenantSettings] = ()) -> Accounts:
+        """Open the store as the daemon (taking its lock). Raises ``StoreError`` (exit 2 at start)."""
+        store = open_store(Path(settings.path), daemon=True)
+        retention = Retention(settings.usage_retention_days, settings.rollup_retention_days)
+        return cls(store, tenants, retention=retention)
+
+    def start(self) -> None:
+        """Restore the windows, load the keys, start the poll and the writer. Raises ``StoreError``."""
+        self.budgets.restore(self.store.load_windows(self._clock()))
+        self.view.start()
+        self.writer.start()
+
+    def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
+        """A reload (SIGHUP): new tenant budgets; windows and their counts stay."""
+        self.budgets.configure(tenant_budgets(tenants))
+
+    # -- request path -------------------------------------------------------------------------------
+
+    def authenticate(self, token: str, now: float) -> AccountKey | None:
+        key = self.view.authenticate(token, now)
+        if key is not None:
+            self.view.touch(key.key_id, now)
+        return key
+
+    def admit(
+        self,
+        tenant: str,
+        key_id: str,
+        now: float,
+        *,
+        key_budgets: BudgetSettings | None = None,
+        reserve: int | None = None,
+    ) -> Ticket | Refusal:
+        return self.budgets.check(tenant, key_id, now, key_budgets=key_budgets, reserve=reserve)
+
+    def headers(
+        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
+    ) -> dict[str, str]:
+        return self.budgets.headers(tenant, key_id, now, key_budgets=key_budgets)
+
+    def finish(self, ticket: Ticket | None, record: UsageRecord) -> None:
+        """Charge a finished request: its budgets (prompt plus completion tokens) and the ledger."""
+        if ticket is not None:
+            self.budgets.charge(ticket, record.prompt_tokens + record.completion_tokens, record.at)
+        self.ledger.charge(record)
+
+    def stats(self) -> LedgerStats:
+        return self.ledger.stats()
+
+    # -- drain --------------------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return self.writer.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Stop the threads, write what is pending, close the store (and drop its lock). Whether
+        everything pending was written."""
+        if self._closed:
+            return True
+        self._closed = True
+        self.view.close()
+        self.writer.close()
+        flushed = self.writer.flush(timeout_s)
+        self.store.close()
+        return flushed

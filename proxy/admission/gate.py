@@ -1,0 +1,357 @@
+"""Admission control: the concurrency budget in front of llama-server's slots.
+
+Two limits hold at every instant: at most ``capacity`` slots in total (the child's slot count, so the
+child never queues behind our back) and at most ``max_concurrency`` slots per tenant. A request that
+cannot start waits in its tenant's bounded FIFO queue (``max_queue``) for at most ``queue_timeout_s``.
+
+A permit is for ``slots`` slots at once (``n`` completions or an array of prompts occupy that many in
+llama-server; ``proxy.admission.cost`` counts them). It is granted whole or not at all: a request never
+holds part of what it needs while waiting for the rest, so two wide requests cannot deadlock each other.
+
+When a permit frees, the next one goes to the backlogged tenant with the lowest *pass* (stride scheduling:
+each grant advances a tenant's pass by ``1 / weight``), so over any busy period tenants share freed slots
+in proportion to their weights and one tenant's burst cannot starve another. A tenant that becomes
+backlogged starts at the current virtual time, so idling earns no credit to burst with later.
+
+Invariant kept by ``_dispatch`` after every change: no waiter is eligible (its request fits under its
+tenant's limit) while the global capacity it needs is free. When the next eligible waiter needs more
+slots than are free, dispatch stops there (head-of-line) instead of letting narrower requests of other
+tenants pass it: otherwise a stream of one-slot requests would starve a two-slot one forever. The fast
+path (grant at once when the tenant has no queue) therefore also requires that no eligible waiter exists:
+it can never overtake one.
+
+Permits are released exactly once, on every path: ``Permit.release`` is idempotent, and a waiter that is
+cancelled or times out in the same loop turn its permit was granted gives that permit back. Permits point
+at their tenant's state object, so a reload that changes or removes the tenant cannot leak or double-count.
+
+Lingering: when the proxy abandons a request the child is still working on (client gone, deadline), the
+child's slot stays busy until it notices the closed connection (llama-server polls every second, or at
+its next token). ``release(linger_s)`` frees the tenant's share at once but keeps the slot counted for
+``linger_s``, so a new request is not sent into the child's own unbounded queue meanwhile. With a
+``confirm`` coroutine, the slots stay counted after ``linger_s`` until it returns: the request path
+passes one that watches the child's ``/slots`` (a loaded child may take longer than any guess).
+Pure asyncio, no sockets, no I/O: unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from proxy.admission.idle import IdleWaiters
+from proxy.errors import Forbidden, Rejected
+from proxy.settings import TenantSettings
+
+_log = logging.getLogger("llamagate.proxy")
+
+# Weight of the newest sample in the service-time average behind Retry-After.
+_EWMA_ALPHA = 0.2
+# With no completed request yet, assume this much service time (s) per request for Retry-After.
+_DEFAULT_SERVICE_S = 1.0
+
+
+class Permit:
+    """The right to occupy ``slots`` slots. ``release`` may be called any number of times; only the first
+    counts."""
+
+    __slots__ = ("_ctl", "_tenant", "granted_at", "queue_wait_s", "released", "slots")
+
+    def __init__(
+        self, ctl: Admission, tenant: _Tenant, granted_at: float, queue_wait_s: float, slots: int = 1
+    ) -> None:
+        self._ctl = ctl
+        self._tenant = tenant
+        self.granted_at = granted_at
+        self.queue_wait_s = queue_wait_s
+        self.slots = slots
+        self.released = False
+
+    def release(self, linger_s: float = 0.0, confirm: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Give the permit back; with ``linger_s`` > 0 its global slots stay taken that much longer, and
+        then until ``confirm()`` returns when given."""
+        if not self.released:
+            self.released = True
+            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots, confirm)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    future: asyncio.Future[Permit]
+    enqueued_at: float
+    slots: int = 1
+
+
+class _Tenant:
+    __slots__ = ("backlog_seq", "in_flight", "name", "pass_", "retired", "service_s", "settings", "waiters")
+
+    def __init__(self, settings: TenantSettings) -> None:
+        self.name = settings.name
+        self.settings = settings
+        self.in_flight = 0
+        self.waiters: deque[_Waiter] = deque()
+        self.pass_ = 0.0
+        # Order of becoming backlogged: breaks ties between equal passes first-come first-served.
+        self.backlog_seq = 0
+        self.service_s: float | None = None
+        self.retired = False
+
+    @property
+    def stride(self) -> float:
+        return 1.0 / max(1, self.settings.weight)
+
+    @property
+    def eligible(self) -> bool:
+        """Its next request fits under its own limit (the global gate is checked by the caller)."""
+        return bool(self.waiters) and self.in_flight + self.waiters[0].slots <= self.settings.max_concurrency
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    name: str
+    in_flight: int
+    queued: int
+
+
+class Admission:
+    def __init__(
+        self,
+        tenants: Iterable[TenantSettings],
+        capacity: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._capacity = capacity
+        self._tenants: dict[str, _Tenant] = {}
+        self._backlogged: set[_Tenant] = set()
+        self._vtime = 0.0
+        self._backlog_seq = 0
+        self._in_flight = 0  # permits held plus slots lingering after an abandoned request
+        self._lingering = 0
+        self._queued = 0
+        self._service_s: float | None = None
+        self._idle = IdleWaiters()
+        self._linger_tasks: set[asyncio.Task[None]] = set()
+        self.reconfigure(tenants)
+
+    # --- what the daemon, metrics and tests read ---------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def in_flight(self) -> int:
+        """Permits held by requests (lingering slots not included)."""
+        return self._in_flight - self._lingering
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def held(self) -> int:
+        """Slots counted as taken: permits held plus lingering slots."""
+        return self._in_flight
+
+    @property
+    def lingering(self) -> int:
+        """Slots still counted as busy after an abandoned request, until the child has noticed."""
+        return self._lingering
+
+    def loads(self) -> Iterator[TenantLoad]:
+        for t in self._tenants.values():
+            yield TenantLoad(t.name, t.in_flight, len(t.waiters))
+
+    # --- changes from outside ------------------------------------------------------------------------------
+    def set_capacity(self, capacity: int) -> None:
+        """Follow the child's slot count (it may change on restart). Shrinking never revokes a permit."""
+        self._capacity = capacity
+        self._dispatch()
+
+    def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
+        """Swap tenant limits in (SIGHUP). In-flight and queued requests of a removed tenant finish under
+        its last limits; its state is dropped once it holds nothing."""
+        new = {t.name: t for t in tenants}
+        for name, state in list(self._tenants.items()):
+            if name in new:
+                state.settings = new[name]
+                state.retired = False
+            else:
+                state.retired = True
+                self._forget_if_empty(state)
+        for name, settings in new.items():
+            if name not in self._tenants:
+                self._tenants[name] = _Tenant(settings)
+        self._dispatch()
+
+    # --- the request path --------------------------------------------------------------------------------
+    async def acquire(self, tenant: str, slots: int = 1) -> Permit:
+        """A permit for ``slots`` slots of ``tenant``, at once or after a fair wait; ``Rejected`` (429) when
+        its queue is full or the wait reaches ``queue_timeout_s``. The caller refuses (400) a request wider
+        than the tenant's limit or the child's slots first (``proxy.admission.cost``): such a request could
+        only wait for its deadline here."""
+        t = self._tenants.get(tenant)
+        if t is None or t.retired:
+            raise Forbidden(f"tenant '{tenant}' is not configured")
+        if (
+            not t.waiters
+            and t.in_flight + slots <= t.settings.max_concurrency
+            and self._in_flight + slots <= self._capacity
+            and not self._eligible_waiter()
+        ):
+            return self._grant(t, 0.0, slots)
+        if len(t.waiters) >= t.settings.max_queue:
+            raise Rejected(
+                "queue_full",
+                self._estimate_wait(t, len(t.waiters) - t.settings.max_queue),
+                f"tenant '{tenant}' is at its limit of {t.settings.max_concurrency} concurrent requests "
+                f"and {t.settings.max_queue} queued; retry later",
+            )
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), self._clock(), slots)
+        if not t.waiters:
+            self._backlogged.add(t)
+            self._backlog_seq += 1
+            t.backlog_seq = self._backlog_seq
+            # Start at the current virtual time: no credit for idling, no penalty for past fast grants.
+            t.pass_ = max(self._vtime, min(t.pass_, self._vtime + t.stride))
+        t.waiters.append(waiter)
+        self._queued += 1
+        try:
+            async with asyncio.timeout(t.settings.queue_timeout_s):
+                return await waiter.future
+        except BaseException as exc:
+            self._abandon(t, waiter)
+            if isinstance(exc, TimeoutError):
+                raise Rejected(
+                    "queue_timeout",
+                    self._estimate_wait(t, len(t.waiters)),
+                    f"tenant '{tenant}' waited {t.settings.queue_timeout_s:g} s for a free slot; retry later",
+                ) from None
+            raise
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is in flight or queued; False if ``timeout_s`` passes first."""
+        if self._in_flight == 0 and self._queued == 0:
+            return True
+        return await self._idle.wait(timeout_s)
+
+    # --- internals ---------------------------------------------------------------------------------------
+    def _grant(self, t: _Tenant, queue_wait_s: float, slots: int = 1) -> Permit:
+        t.in_flight += slots
+        self._in_flight += slots
+        t.pass_ += t.stride
+        return Permit(self, t, self._clock(), queue_wait_s, slots)
+
+    def _ready(self, t: _Tenant) -> bool:
+        """``t``'s next request fits under its limit and could fit the gate (a request wider than a shrunk
+        gate must not block others: it waits for its deadline alone)."""
+        return t.eligible and t.waiters[0].slots <= self._capacity
+
+    def _eligible_waiter(self) -> bool:
+        # Few tenants, and only while some are backlogged: the loop is short and usually empty.
+        return any(self._ready(t) for t in self._backlogged)
+
+    def _release(
+        self,
+        t: _Tenant,
+        granted_at: float,
+        linger_s: float = 0.0,
+        slots: int = 1,
+        confirm: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        t.in_flight -= slots
+        if linger_s > 0:
+            self._lingering += slots
+            if confirm is None:
+                asyncio.get_running_loop().call_later(linger_s, self._end_linger, slots)
+            else:
+                task = asyncio.get_running_loop().create_task(
+                    self._confirmed_linger(linger_s, slots, confirm)
+                )
+                self._linger_tasks.add(task)
+                task.add_done_callback(self._linger_tasks.discard)
+        else:
+            self._in_flight -= slots
+        if linger_s <= 0:  # an abandoned request says nothing about how long requests take
+            held = self._clock() - granted_at
+            t.service_s = held if t.service_s is None else t.service_s + _EWMA_ALPHA * (held - t.service_s)
+            g = self._service_s
+            self._service_s = held if g is None else g + _EWMA_ALPHA * (held - g)
+        self._forget_if_empty(t)
+        self._dispatch()
+        self._check_idle()
+
+    async def _confirmed_linger(
+        self, linger_s: float, slots: int, confirm: Callable[[], Awaitable[object]]
+    ) -> None:
+        try:
+            await asyncio.sleep(linger_s)
+            await confirm()
+        except Exception as exc:  # a failed check ends the wait; it must not keep the slots forever
+            _log.warning("lingering slots released after a failed check: %s", type(exc).__name__)
+        finally:  # however it ends (cancelled too): never leak the slots
+            self._end_linger(slots)
+
+    def _end_linger(self, slots: int = 1) -> None:
+        self._lingering -= slots
+        self._in_flight -= slots
+        self._dispatch()
+        self._check_idle()
+
+    def _abandon(self, t: _Tenant, waiter: _Waiter) -> None:
+        fut = waiter.future
+        if fut.done() and not fut.cancelled():
+            # Granted in the same loop turn the wait was cancelled or timed out: give it back.
+            fut.result().release()
+            return
+        fut.cancel()
+        if waiter in t.waiters:
+            t.waiters.remove(waiter)
+            self._queued -= 1
+        if not t.waiters:
+            self._backlogged.discard(t)
+        self._forget_if_empty(t)
+        self._dispatch()  # it may have been the wide request the others were waiting behind
+        self._check_idle()
+
+    def _dispatch(self) -> None:
+        while self._in_flight < self._capacity and self._backlogged:
+            best: _Tenant | None = None
+            for t in self._backlogged:
+                if self._ready(t) and (
+                    best is None or (t.pass_, t.backlog_seq) < (best.pass_, best.backlog_seq)
+                ):
+                    best = t
+            if best is None:
+                break
+            if self._in_flight + best.waiters[0].slots > self._capacity:
+                break  # head-of-line: the slots freed next are this request's (see the module docstring)
+            waiter = best.waiters.popleft()
+            self._queued -= 1
+            if not best.waiters:
+                self._backlogged.discard(best)
+            if waiter.future.done():
+                # Its task was cancelled and has not run its cleanup yet; ``_abandon`` will find it gone.
+                continue
+            self._vtime = best.pass_
+            now = self._clock()
+            waiter.future.set_result(self._grant(best, now - waiter.enqueued_at, waiter.slots))
+        self._check_idle()
+
+    def _estimate_wait(self, t: _Tenant, ahead: int) -> float:
+        """Seconds until a request with ``ahead`` requests queued before it would likely start:
+        each freed slot of the tenant's effective concurrency takes one recent service time."""
+        service = t.service_s or self._service_s or _DEFAULT_SERVICE_S
+        parallel = max(1, min(t.settings.max_concurrency, self._capacity))
+        return service * (max(0, ahead) + 1) / parallel
+
+    def _forget_if_empty(self, t: _Tenant) -> None:
+        if t.retired and t.in_flight == 0 and not t.waiters and self._tenants.get(t.name) is t:
+            del self._tenants[t.name]
+
+    def _check_idle(self) -> None:
+        if self._in_flight == 0 and self._queued == 0:
+            self._idle.wake()

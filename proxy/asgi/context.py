@@ -1,0 +1,61 @@
+"""The record of one request, filled in as it goes and read once at the end (access log, metrics).
+
+``RequestContextMiddleware`` (``proxy.middleware.context``) creates it and puts it in the ASGI scope
+under ``SCOPE_KEY``; every endpoint reads and fills it from there.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Send
+
+SCOPE_KEY = "llamagate.ctx"
+
+
+class RequestContext:
+    """What one request became, filled in as it goes; read once at the end."""
+
+    __slots__ = (
+        "authorization",
+        "client_host",
+        "content_length",
+        "key_id",
+        "model",
+        "outcome",
+        "queue_wait_s",
+        "raw_send",
+        "reason",
+        "request_id",
+        "response_started",
+        "route",
+        "started",
+        "status",
+        "tenant",
+        "tokens",
+        "tpot_s",
+        "ttft_s",
+    )
+
+    def __init__(self, request_id: str, started: float) -> None:
+        self.request_id = request_id
+        self.started = started
+        self.authorization: bytes | None = None
+        self.content_length: int | None = None
+        self.client_host: str | None = None
+        self.tenant: str | None = None
+        self.key_id: str | None = None
+        # The served model the request reached (a lane's name or the one model's alias), never the
+        # client's raw ``model`` string: it is a metrics label, so its values must stay bounded.
+        self.model: str | None = None
+        self.route = "unmatched"
+        self.status = 0
+        self.response_started = False
+        self.outcome = "ok"
+        self.reason: str | None = None
+        self.queue_wait_s: float | None = None
+        self.ttft_s: float | None = None
+        self.tpot_s: float | None = None
+        self.tokens = 0
+        # The server's own ``send``: after the response has started, the stream relay writes body chunks
+        # with it directly (one call less per SSE event; the start, which needs the id header, went
+        # through the wrapper).
+        self.raw_send: Send | None = None

@@ -1,0 +1,177 @@
+"""The proxy's own Prometheus series, on a registry per app (never the process-global default registry,
+so two apps in one process, as in tests, never collide).
+
+Extending: pass ``extra_collectors`` to ``create_app`` (e.g. the relabeled llama-server series or the
+supervisor's child state); they are registered on the same registry and served by the same ``/metrics``.
+A collector that must fetch its data first (llama-server's series) also has ``async refresh()``; the
+``/metrics`` routes call ``await render_fresh()``, which awaits every such refresh, then renders.
+
+Gauges of in-flight and queued requests are read from the admission controller at scrape time (a custom
+collector), so the request path pays nothing for them and they can never drift from the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, TypeVar, cast, runtime_checkable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.admission.gate import Admission
+
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+_M = TypeVar("_M", Counter, Histogram)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@runtime_checkable
+class Refreshable(Protocol):
+    async def refresh(self) -> None: ...
+
+
+# Each served model's admission gate by model name, read at every scrape (models come and go on SIGHUP).
+Gates = Callable[[], Mapping[str, Admission]]
+
+
+class AdmissionCollector(Collector):
+    """The gates' figures by model: one gate per served model (``proxy.models.lane``)."""
+
+    def __init__(self, gates: Gates) -> None:
+        self._gates = gates
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "llamagate_in_flight_requests",
+            "Requests holding a slot permit, by model and tenant",
+            labels=["model", "tenant"],
+        )
+        queued = GaugeMetricFamily(
+            "llamagate_queued_requests",
+            "Requests waiting for a slot permit, by model and tenant",
+            labels=["model", "tenant"],
+        )
+        capacity = GaugeMetricFamily(
+            "llamagate_slots",
+            "Slot permits the gate hands out (the child's slot count), by model",
+            labels=["model"],
+        )
+        lingering = GaugeMetricFamily(
+            "llamagate_lingering_slots",
+            "Slots held back after an abandoned request until the child has noticed the closed connection",
+            labels=["model"],
+        )
+        for model, admission in self._gates().items():
+            for load in admission.loads():
+                in_flight.add_metric([model, load.name], load.in_flight)
+                queued.add_metric([model, load.name], load.queued)
+            capacity.add_metric([model], admission.capacity)
+            lingering.add_metric([model], admission.lingering)
+        yield in_flight
+        yield queued
+        yield capacity
+        yield lingering
+
+
+class ProxyMetrics:
+    """Series the request path updates. Label children are cached: ``labels()`` takes a lock and builds a
+    tuple on every call, which shows on the hot path."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "llamagate_requests",
+            "Requests answered, by tenant, model, route and status",
+            ["tenant", "model", "route", "status"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "llamagate_rejections",
+            "Requests refused, by tenant, model and reason",
+            ["tenant", "model", "reason"],
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "llamagate_output_tokens",
+            "Generated tokens relayed, by tenant and model",
+            ["tenant", "model"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "llamagate_time_to_first_token_seconds",
+            "Arrival to first generated token, queue wait included, by tenant and model",
+            ["tenant", "model"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "llamagate_time_per_output_token_seconds",
+            "Mean time between generated tokens of a stream, by tenant and model",
+            ["tenant", "model"],
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "llamagate_queue_wait_seconds",
+            "Time waiting for a slot permit, by tenant and model",
+            ["tenant", "model"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "llamagate_request_duration_seconds",
+            "Arrival to last byte, by tenant and model",
+            ["tenant", "model"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._children: dict[tuple[str, ...], Counter | Histogram] = {}
+        # Extra collectors whose data is fetched (awaited) before each render; see the module docstring.
+        self.refreshers: list[Refreshable] = []
+
+    def _child(self, metric: _M, *labels: str) -> _M:
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return cast(_M, child)
+
+    def observe_request(
+        self,
+        tenant: str,
+        model: str,
+        route: str,
+        status: int,
+        duration_s: float,
+        reason: str | None,
+        queue_wait_s: float | None,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        tokens: int,
+    ) -> None:
+        self._child(self.requests, tenant, model, route, str(status)).inc()
+        self._child(self.duration, tenant, model).observe(duration_s)
+        if reason is not None:
+            self._child(self.rejections, tenant, model, reason).inc()
+        if queue_wait_s is not None:
+            self._child(self.queue_wait, tenant, model).observe(queue_wait_s)
+        if ttft_s is not None:
+            self._child(self.ttft, tenant, model).observe(ttft_s)
+        if tpot_s is not None:
+            self._child(self.tpot, tenant, model).observe(tpot_s)
+        if tokens:
+            self._child(self.output_tokens, tenant, model).inc(tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def render_fresh(self) -> bytes:
+        await asyncio.gather(*(r.refresh() for r in self.refreshers))
+        return self.render()

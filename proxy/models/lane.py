@@ -1,0 +1,94 @@
+"""One served model: what the daemon said about it (``ModelEntry``), its own admission gate (sized to its
+child's slots at every read of the child's snapshot) and the bookkeeping an idle unload and a drain read.
+
+A lane never points back at the door (``proxy.state``): it knows its model, its gate and its requests.
+Tenants' limits (``max_concurrency``, ``max_queue``, ...) apply per lane, so a tenant may hold
+``max_concurrency`` slots of every model it uses at once; ``max_concurrency_total`` bounds the sum over
+every lane at the door (``proxy.admission.totals``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from proxy.admission.gate import Admission
+from proxy.admission.idle import IdleWaiters
+from proxy.errors import NotReady
+from proxy.settings import TenantSettings
+from proxy.source import UpstreamSnapshot, UpstreamSource
+
+
+@runtime_checkable
+class LoadsOnDemand(Protocol):
+    async def ensure_loaded(self) -> None:
+        """Return once the model's child is READY; raise ``NotReady`` (with why) when it cannot be."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the daemon tells the proxy about one served model."""
+
+    name: str
+    aliases: tuple[str, ...]
+    source: UpstreamSource
+    residency: str = "always"  # "always" | "on_demand"
+
+
+class Lane:
+    def __init__(self, entry: ModelEntry, tenants: Iterable[TenantSettings]) -> None:
+        self.entry = entry
+        self.admission = Admission(tenants, capacity=0)
+        self.last_used = time.monotonic()
+        self._active = 0
+        self._idle = IdleWaiters()
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def on_demand(self) -> bool:
+        return self.entry.residency == "on_demand"
+
+    @property
+    def busy(self) -> bool:
+        """Holds, awaits or is about to ask for a slot: an idle unload must not pick it."""
+        adm = self.admission
+        return adm.in_flight > 0 or adm.queued > 0 or adm.lingering > 0 or self._active > 0
+
+    @property
+    def active(self) -> int:
+        """Requests that chose this model and are being handled."""
+        return self._active
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def track_active(self, delta: int) -> None:
+        self._active += delta
+        if self._active == 0:
+            self._idle.wake()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no request of this model is being handled; True if that happened in time. New
+        requests are kept away by whoever calls (``ModelRouter.remove``), not here."""
+        if self._active == 0:
+            return True
+        return await self._idle.wait(timeout_s)
+
+    def snapshot(self) -> UpstreamSnapshot:
+        """One consistent view of the child for this request; keeps the gate equal to its slots."""
+        snap = self.entry.source.snapshot()
+        if snap.slots != self.admission.capacity:
+            self.admission.set_capacity(snap.slots)
+        return snap
+
+    def ready_snapshot(self) -> UpstreamSnapshot:
+        snap = self.snapshot()
+        if not snap.ready or snap.base_url is None:
+            raise NotReady(f"llama-server is not ready ({snap.reason or snap.state})", snap.retry_after_s)
+        return snap

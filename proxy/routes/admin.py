@@ -1,0 +1,111 @@
+"""The admin routes answered by the proxy itself: ``/metrics``, ``/admin/identity`` and ``/admin/load``.
+
+``GET /admin/load``: the admission gate's figures right now, per tenant, as JSON.
+
+The same numbers as the ``llamagate_in_flight_requests`` / ``llamagate_queued_requests`` gauges on
+``/metrics``, without making a browser parse Prometheus text or making every poll of the status page
+scrape llama-server's own series too (``/metrics`` refreshes them).
+
+Each model has its own gate (``proxy.models.lane``), shown under ``models`` by name; the top-level
+figures are their sums (a one-model daemon: its one gate's), and the top-level ``tenants`` rows each
+tenant's sums over the models beside its limits (``max_concurrency`` and ``max_queue`` apply per model,
+``max_concurrency_total`` to the sum).
+"""
+
+from __future__ import annotations
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.asgi.responses import send_bytes, send_json
+from proxy.auth import Principal
+from proxy.metrics.proxy import CONTENT_TYPE
+from proxy.models.lane import Lane
+from proxy.state import ProxyState
+
+
+class Metrics:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        await send_bytes(send, 200, await self.state.metrics.render_fresh(), CONTENT_TYPE.encode())
+
+
+class Identity:
+    """``GET /admin/identity``: what is served (build, binary and model digests, host); admin only."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        await send_json(send, 200, dict(self.state.source.identity()))
+
+
+class AdminLoad:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        await send_json(send, 200, load_report(self.state))
+
+
+def load_report(state: ProxyState) -> dict[str, object]:
+    """Every model's gate together at the top (a one-model daemon: its one gate), each model's own
+    under ``models``."""
+    lanes = state.router.lanes
+    models = {name: gate_report(state, lane) for name, lane in lanes.items()}  # sizes each gate first
+    gates = [lane.admission for lane in lanes.values()]
+    sums: dict[str, list[int]] = {}  # tenant -> [in flight, queued] over every model
+    for adm in gates:
+        for load in adm.loads():
+            both = sums.setdefault(load.name, [0, 0])
+            both[0] += load.in_flight
+            both[1] += load.queued
+    tenants = []
+    for name, (in_flight, queued) in sums.items():
+        settings = state.tenants.get(name)
+        tenants.append(
+            {
+                "name": name,
+                "in_flight": in_flight,
+                "queued": queued,
+                # A tenant's limits apply per model (each model's rows); max_concurrency_total bounds
+                # the sum (proxy.admission.totals). None for a tenant removed by a reload whose last
+                # requests are still running.
+                "max_concurrency": settings.max_concurrency if settings else None,
+                "max_queue": settings.max_queue if settings else None,
+                "max_concurrency_total": settings.max_concurrency_total if settings else None,
+            }
+        )
+    return {
+        "slots": sum(adm.capacity for adm in gates),
+        "in_flight": sum(adm.in_flight for adm in gates),
+        "queued": sum(adm.queued for adm in gates),
+        "lingering": sum(adm.lingering for adm in gates),
+        "tenants": tenants,
+        "models": models,
+    }
+
+
+def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
+    lane.snapshot()  # keeps the gate's capacity equal to the child's slots, as every request does
+    adm = lane.admission
+    tenants: list[dict[str, object]] = []
+    for load in adm.loads():
+        settings = state.tenants.get(load.name)
+        tenants.append(
+            {
+                "name": load.name,
+                "in_flight": load.in_flight,
+                "queued": load.queued,
+                "max_concurrency": settings.max_concurrency if settings else None,
+                "max_queue": settings.max_queue if settings else None,
+            }
+        )
+    return {
+        "slots": adm.capacity,
+        "in_flight": adm.in_flight,
+        "queued": adm.queued,
+        "lingering": adm.lingering,
+        "tenants": tenants,
+    }

@@ -1,0 +1,108 @@
+"""One ASGI endpoint per row of ``proxy.routes.table``: the row's kind picks the endpoint, the row's
+``access`` is checked before it runs (one auth step for every route: no endpoint decides who may call
+it), and the row itself (stream format, cost kind, feature) configures it.
+
+Generation rows all go through ``Inference`` (the one admission path: permits, token caps, model check,
+disconnect handling). Anthropic rows are wrapped so their credentials may come from ``x-api-key`` and
+their refusals are in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.auth import Access, Principal
+from proxy.errors import NotFound
+from proxy.middleware.anthropic import AnthropicRoute
+from proxy.routes.admin import AdminLoad, Identity, Metrics
+from proxy.routes.inference import Inference
+from proxy.routes.models import ModelsRoute
+from proxy.routes.passthrough import Counting, Passthrough, Props
+from proxy.routes.probes import Health, Healthz, Readyz
+from proxy.routes.table import REFUSED, ROUTES, RouteSpec
+from proxy.state import ProxyState
+
+
+class Endpoint(Protocol):
+    """What serves one row, once its access is checked: ``who`` is the caller (``NOBODY`` on a route
+    open to everyone)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None: ...
+
+
+class Guarded:
+    """A row's endpoint behind the row's access."""
+
+    __slots__ = ("access", "endpoint", "path", "state")
+
+    def __init__(self, state: ProxyState, spec: RouteSpec, endpoint: Endpoint) -> None:
+        self.state = state
+        self.path = spec.path
+        self.access: Access = spec.access
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx: RequestContext = scope[SCOPE_KEY]
+        ctx.route = self.path  # the row's path: a bounded label, even when the caller is refused
+        who = self.state.authorize(ctx, self.access)
+        await self.endpoint(scope, receive, send, who)
+
+
+def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
+    kind = spec.kind
+    if spec.admission:
+        return Inference(state, spec)
+    if kind == "count":
+        return Counting(state, spec.path)
+    if kind == "models":
+        return ModelsRoute(state)
+    if kind == "props":
+        return Props(state, spec.path)
+    if kind == "health":
+        return Health(state)
+    if kind == "liveness":
+        return Healthz()
+    if kind == "readiness":
+        return Readyz(state)
+    if kind == "metrics":
+        return Metrics(state)
+    if kind == "identity":
+        return Identity(state)
+    if kind == "load":
+        return AdminLoad(state)
+    if kind == "slots":
+        return Passthrough(state, spec.path, need_ready=False)
+    raise ValueError(f"no endpoint for kind {kind!r}")  # pragma: no cover - the Literal keeps it out
+
+
+class RefusedRoute:
+    """A llama-server path the proxy does not serve on purpose (``table.REFUSED``): 404 with why."""
+
+    def __init__(self, route: str, reason: str) -> None:
+        self.route = route
+        self.reason = reason
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SCOPE_KEY].route = self.route
+        raise NotFound(f"{self.route} is not served through llamagate: {self.reason}")
+
+
+def routes(state: ProxyState) -> list[Route]:
+    served = []
+    for spec in ROUTES:
+        app: ASGIApp = Guarded(state, spec, endpoint(state, spec))
+        if spec.anthropic:
+            app = AnthropicRoute(app)
+        served.append(Route(spec.path, app, methods=list(spec.methods)))
+    taken = {spec.path for spec in ROUTES}
+    refused = [
+        Route(r.path, RefusedRoute(r.path, r.reason), methods=list(r.methods))
+        for r in REFUSED
+        # A path parameter (/slots/:id_slot) is not an exact path: those answer 404 as unknown.
+        if r.path not in taken and ":" not in r.path
+    ]
+    return served + refused

@@ -1,0 +1,286 @@
+"""The inference routes: check, admit, forward, relay.
+
+Order matters and is cheapest-refusal first: credentials (no body read for a stranger), then, when one
+model is served, its readiness and the route's feature (503 or 404 before reading); body size and JSON;
+the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
+lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
+the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
+it also says how many slots the request occupies), the optional prompt-size check (before a slot is
+taken), then admission of that many slots on the lane's gate (and the tenant's total at the door), then
+the child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
+client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
+other requests and goes on; a client that left during it is noticed at admission).
+
+Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
+stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
+
+Non-streamed chat and completions are asked of the child as streams and assembled here
+(``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
+Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
+back is ``proxy.streams.relay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.admission import cost as limits
+from proxy.admission.settle import SlotsSettled
+from proxy.asgi import body as bodies
+from proxy.asgi.context import SCOPE_KEY, RequestContext
+from proxy.asgi.disconnect import ClientWatch
+from proxy.auth import Principal
+from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.models.lane import Lane
+from proxy.routes.table import RouteSpec
+from proxy.settings import TenantSettings
+from proxy.source import UpstreamSnapshot
+from proxy.state import ProxyState
+from proxy.streams.assemble import AnswerTooLarge, assembled_as
+from proxy.streams.assemble import Kind as AssembledKind
+from proxy.streams.formats import StreamFormat
+from proxy.streams.relay import Exchange, Relay
+from proxy.upstream.connection import UpstreamClosed
+
+
+class _Plan:
+    """How this request goes to the child and back."""
+
+    __slots__ = ("assemble", "hide", "stream")
+
+    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool) -> None:
+        self.stream = stream  # the client asked for a stream
+        self.assemble = assemble  # non-streamed for the client, streamed from the child
+        self.hide = hide  # strip prompt-cache detail from the answer
+
+
+class Inference:
+    """The endpoint of one generation row of ``proxy.routes.table``, forwarded to the same path on the
+    child. Everything route-specific comes from the row: the child feature it needs, how its stream is
+    measured (``stream``), how ``proxy.admission.cost`` counts it (``cost``), what is assembled for a
+    non-streamed request (``assembled``); a route that generates no tokens (embeddings, rerank) has no
+    token cap and no stream."""
+
+    def __init__(self, state: ProxyState, spec: RouteSpec) -> None:
+        assert spec.stream is not None and spec.cost is not None, spec.path
+        self.state = state
+        self.route = spec.path
+        self.spec = spec
+        self.fmt: StreamFormat = spec.stream
+        self.kind: limits.CostKind = spec.cost
+        self.needs = spec.needs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        state = self.state
+        ctx: RequestContext = scope[SCOPE_KEY]
+        tenant = state.tenant(who.tenant)
+        only = state.router.only()
+        snap: UpstreamSnapshot | None = None
+        if only is not None and not only.on_demand:
+            # One model: it is known before the body, so a request it cannot serve is refused unread.
+            ctx.model = only.name
+            snap = only.ready_snapshot()
+            self._servable(only, snap)
+        raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
+        payload = bodies.parse_object(raw)
+        lane = state.router.resolve(payload.get("model"), tenant)  # the only one when ``snap`` is set
+        ctx.model = lane.name
+        lane.touch()
+        if snap is None:
+            self._servable(lane, lane.snapshot())
+        lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
+        try:
+            await state.router.load(lane, receive)
+            if snap is None:
+                snap = lane.ready_snapshot()  # after a load: the loaded child
+            await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive)
+        finally:
+            lane.track_active(-1)
+            lane.touch()
+
+    def _servable(self, lane: Lane, snap: UpstreamSnapshot) -> None:
+        if self.needs is not None and not getattr(snap, self.needs, False):
+            raise NotFound(f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)")
+
+    async def _admitted(
+        self,
+        lane: Lane,
+        snap: UpstreamSnapshot,
+        ctx: RequestContext,
+        principal: Principal,
+        tenant: TenantSettings,
+        raw: bytes,
+        payload: dict[str, Any],
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        state = self.state
+        admin = "admin" in principal.scopes
+        # An alias becomes the child's own name for the model.
+        model = payload.get("model")
+        rewrite = model is not None and model != snap.model_alias
+        if rewrite:
+            payload["model"] = snap.model_alias
+        cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
+        rewrite = cost.rewritten or rewrite
+        stream = payload.get("stream") is True and self.spec.generates
+        if tenant.check_prompt_size:
+            prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
+        assemble = None if stream else assembled_as(self.spec.assembled, payload)
+        if assemble is not None:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+            # Progress events while the prompt is processed: the child writes, so it notices a client
+            # that left during a long prompt too, not only once it generates (consumed here, never sent).
+            payload["return_progress"] = True
+            rewrite = True
+        if rewrite:
+            raw = bodies.dump(payload)
+        plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+
+        async with ClientWatch(receive) as watch:
+            if tenant.check_prompt_size:
+                # Re-read: the child may have restarted while the body was on its way.
+                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+            with state.totals.hold(tenant, cost.slots):
+                permit = await lane.admission.acquire(tenant.name, cost.slots)
+                exchange = Exchange()
+                try:
+                    ctx.queue_wait_s = permit.queue_wait_s
+                    # The child may have restarted while we queued: never mix its old address and new
+                    # secret.
+                    snap = lane.ready_snapshot()
+                    relay = Relay(ctx, send, watch, self.fmt, exchange)
+                    await self._forward(snap, raw, plan, relay, ctx)
+                finally:
+                    linger_s = exchange.linger_s()
+                    if linger_s > 0:
+                        settled = SlotsSettled(
+                            lane.snapshot, lane.admission, state.upstream, snap, permit.slots, ctx.request_id
+                        )
+                        permit.release(linger_s, settled.wait)
+                    else:
+                        permit.release()
+
+    async def _forward(
+        self, snap: UpstreamSnapshot, raw: bytes, plan: _Plan, relay: Relay, ctx: RequestContext
+    ) -> None:
+        stream = plan.stream
+        exchange = relay.exchange
+        limit_bytes = self.state.settings.max_response_bytes
+        timeouts = self.state.settings.timeouts
+        loop = asyncio.get_running_loop()
+        total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
+        first_at = loop.time() + timeouts.first_token_s
+        try:
+            async with asyncio.timeout_at(min(first_at, total_at) if stream else total_at) as deadline:
+                exchange.sent = True
+                try:
+                    response = await self.state.upstream.open(snap, "POST", self.route, raw, ctx.request_id)
+                except UpstreamFailure:
+                    exchange.sent = False  # never reached the child, or the child hung up: no slot busy
+                    raise
+                try:
+                    if stream and response.status == 200:
+                        await relay.stream(response, deadline, total_at, plan.hide)
+                    elif (
+                        plan.assemble is not None
+                        and response.status == 200
+                        and (response.content_type or b"").startswith(b"text/event-stream")
+                    ):
+                        await relay.assembled(response, plan.assemble, plan.hide, limit_bytes)
+                    else:
+                        await relay.whole(response, plan.hide, limit_bytes)
+                    exchange.finished = True
+                except AnswerTooLarge:
+                    raise  # we hang up on a child still generating: its slot lingers like an abandon
+                except UpstreamFailure:
+                    exchange.finished = True  # the child hung up: it holds no slot for us any more
+                    raise
+                finally:
+                    response.release()
+        except TimeoutError:
+            first_token = stream and ctx.ttft_s is None and first_at < total_at
+            phase, limit = (
+                ("first token", timeouts.first_token_s) if first_token else ("total", timeouts.total_s)
+            )
+            error = UpstreamTimeout(f"llama-server exceeded the {phase} deadline of {limit:g} s")
+            if not ctx.response_started:
+                raise error from None
+            await relay.end_with(error)
+
+    async def _check_prompt_size(
+        self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
+    ) -> None:
+        n_tokens = await count_prompt_tokens(self.state, snap, self.route, payload, request_id)
+        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
+        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
+            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+
+# The child's own counter for a templated request: its chat template, not ours.
+COUNT_ROUTES = {
+    "/v1/chat/completions": "/v1/chat/completions/input_tokens",
+    "/chat/completions": "/v1/chat/completions/input_tokens",
+    "/v1/responses": "/v1/responses/input_tokens",
+    "/responses": "/v1/responses/input_tokens",
+    "/v1/messages": "/v1/messages/count_tokens",
+}
+
+
+async def count_prompt_tokens(
+    state: ProxyState, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
+) -> int | None:
+    """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
+    (then the child decides, as it would without the check)."""
+    counter = COUNT_ROUTES.get(route)
+    if counter is not None:
+        answer = await _ask(state, snap, counter, bodies.dump(payload), request_id)
+        count = answer.get("input_tokens") if answer else None
+        return count if isinstance(count, int) else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    prompts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    longest: int | None = None
+    for text in prompts:
+        if not isinstance(text, str):
+            return None
+        answer = await _ask(
+            state, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
+        )
+        tokens = answer.get("tokens") if answer else None
+        if not isinstance(tokens, list):
+            return None
+        longest = max(longest or 0, len(tokens))
+    return longest
+
+
+async def _ask(
+    state: ProxyState, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
+) -> dict[str, Any]:
+    limit = state.settings.timeouts.first_token_s
+    try:
+        async with asyncio.timeout(limit):
+            response = await state.upstream.open(snap, "POST", path, raw, request_id)
+            try:
+                content = await response.read()
+            except UpstreamClosed:
+                raise UpstreamFailure(
+                    "llama-server closed the connection while counting the prompt's tokens"
+                ) from None
+            finally:
+                response.release()
+    except TimeoutError:
+        raise UpstreamTimeout(f"llama-server did not count the prompt's tokens within {limit:g} s") from None
+    if response.status != 200:
+        return {}
+    try:
+        answer = bodies.parse_object(content)
+    except BadRequest:
+        return {}
+    return answer

@@ -1,0 +1,226 @@
+// The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load
+// and /slots. One round at a time (see poller.js); each request gives up after api.js's timeout.
+//
+// Several models (/readyz has "models"): one row per model, its slots from /admin/load's "models"
+// (admin) or /readyz's (else). No /slots then: /slots?model= of an unloaded model only answers 503,
+// and nothing on this page may load a model (a GET never does; the page sends no POST from here).
+
+import { ApiError, getJson, getKey, request } from "./api.js";
+import { bytes, clock, duration, setText, showMessage, stateClass } from "./format.js";
+
+// What the last round learned about the key: "none", "admin", "no-admin" or "refused".
+export const keyState = { scope: "none", message: "" };
+
+// Whether the last /readyz listed several models (then the round skips the default model's /slots).
+let several = false;
+
+async function readReadyz() {
+  // 503 is an answer too: its body says why the child is not ready.
+  const response = await request("/readyz", { auth: false });
+  const body = await response.json();
+  return { body, retryAfter: response.headers.get("Retry-After") };
+}
+
+function childMessage(r, retryAfter) {
+  if (r.ready) return "";
+  const reason = r.reason ? `: ${r.reason}` : "";
+  if (r.reason && r.reason.startsWith("draining")) {
+    return "The daemon is draining: it is stopping, finishes the requests in flight and takes no new ones.";
+  }
+  if (r.state === "FAILED") {
+    return `llama-server FAILED${reason}. The supervisor gave up restarting it; see the daemon's log.`;
+  }
+  const retry = retryAfter ? ` Requests get 503; retry after ${retryAfter} s.` : "";
+  return `Not ready (${r.state})${reason}.${retry}`;
+}
+
+function renderReady({ body: r, retryAfter }) {
+  const state = setText("st-state", r.state);
+  state.className = `state ${stateClass(r.state, r.ready)}`;
+  setText("st-model", r.model);
+  setText("st-reason", r.ready ? "ready" : r.reason);
+  setText("st-uptime", duration(r.uptime_s));
+  setText("st-ready-for", duration(r.ready_for_s));
+  setText("st-restarts", r.restarts);
+  setText("st-last-failure", r.last_failure || "none");
+  setText("st-load", r.load_seconds === null || r.load_seconds === undefined ? null : `${r.load_seconds} s`);
+  setText("st-in-flight", r.in_flight);
+  setText("st-queued", r.queued);
+  setText("st-ctx", r.ctx_per_slot);
+  return childMessage(r, retryAfter);
+}
+
+function renderTenants(load) {
+  const body = document.getElementById("tenants-body");
+  const rows = load.tenants.map((t) => {
+    const tr = document.createElement("tr");
+    // Several models: the counts are every model's together, and a tenant's limits apply per model.
+    const cells = [
+      t.name,
+      several || t.max_concurrency === null ? t.in_flight : `${t.in_flight} / ${t.max_concurrency}`,
+      several || t.max_queue === null ? t.queued : `${t.queued} / ${t.max_queue}`,
+    ];
+    for (const text of cells) {
+      const td = document.createElement("td");
+      td.textContent = String(text);
+      tr.append(td);
+    }
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+function renderIdentity(id) {
+  const build = id.llama_cpp || {};
+  const serving = id.serving || {};
+  const model = id.model || {};
+  const host = id.host || {};
+  // An external binary has no receipt: no commit, only its source note and --version output.
+  setText("id-commit", build.commit || build.source);
+  setText("id-version", (build.version || "").split("\n").filter(Boolean).join(" · "));
+  setText("id-binary-sha", (id.binary || {}).sha256);
+  setText("id-model", model.path ? `${model.path} (${bytes(model.size_bytes)})` : null);
+  setText("id-model-sha", model.sha256);
+  setText("id-threads", `${serving.threads} (batch ${serving.threads_batch})`);
+  setText("id-slots", serving.slots);
+  setText("id-ctx", serving.ctx_per_slot);
+  setText("id-host", `${host.cpu_model || "?"}, ${host.cpu_usable ?? "?"} CPUs, ${bytes(host.memory_total_bytes)}`);
+}
+
+// The word /v1/models uses for a supervisor state.
+function loadedWord(state) {
+  if (state === "READY") return "loaded";
+  if (state === "FAILED") return "failed";
+  if (state === "UNLOADED" || state === "STOPPED") return "unloaded";
+  return "loading";
+}
+
+function cell(text, cls = "") {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined || text === "" ? "–" : String(text);
+  if (cls) td.className = cls;
+  return td;
+}
+
+// One row per model; ``gates``: /admin/load's "models" (admin key), else null and /readyz's figures.
+function renderModels(models, gates) {
+  several = Boolean(models) && Object.keys(models).length > 1;
+  document.getElementById("models").hidden = !several;
+  document.getElementById("child-title").textContent = several ? "Daemon (every model)" : "Child";
+  // /admin/identity's top level describes the default model (the first always one).
+  document.getElementById("identity-title").textContent = several ? "Identity (default model)" : "Identity";
+  if (!several) return;
+  const rows = Object.entries(models).map(([name, m]) => {
+    const gate = (gates && gates[name]) || m;
+    const others = (m.aliases || []).filter((a) => a !== name);
+    const aliases = others.length ? ` (also ${others.join(", ")})` : "";
+    // An on_demand model at rest is not a problem: no warning colour for it.
+    const cls = m.state === "UNLOADED" ? "state" : `state ${stateClass(m.state, m.ready)}`;
+    const tr = document.createElement("tr");
+    tr.dataset.model = name;
+    tr.append(
+      cell(name + aliases),
+      cell(`${loadedWord(m.state)} (${m.state})`, cls),
+      cell(m.residency),
+      cell(`${gate.in_flight} / ${gate.slots}`),
+      cell(gate.queued),
+      cell(m.restarts),
+      cell(duration(m.uptime_s)),
+      cell(m.ready ? "" : m.reason),
+    );
+    return tr;
+  });
+  document.getElementById("models-body").replaceChildren(...rows);
+}
+
+function showAdminParts(admin, note) {
+  document.getElementById("tenants").hidden = !admin;
+  document.getElementById("identity").hidden = !admin;
+  for (const id of ["tenants-note", "identity-note"]) {
+    const el = document.getElementById(id);
+    el.hidden = admin;
+    el.textContent = note;
+  }
+}
+
+async function readAdmin() {
+  try {
+    const identity = await getJson("/admin/identity");
+    keyState.scope = "admin";
+    keyState.message = "";
+    const [load, slots] = await Promise.allSettled([
+      getJson("/admin/load"),
+      several ? Promise.resolve(null) : getJson("/slots"),
+    ]);
+    return { identity, load, slots };
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    if (err.status === 401) {
+      keyState.scope = "refused";
+      keyState.message = `This key was refused (${err.status}: ${err.message}). Check it, or ask for a new one.`;
+    } else if (err.status === 403) {
+      keyState.scope = "no-admin";
+      keyState.message = "This key has no admin scope: per-tenant load, slot detail and identity need an admin key.";
+    } else {
+      throw err;
+    }
+    return null;
+  }
+}
+
+// One round; resolves true when the daemon answered.
+export async function pollStatus() {
+  const key = getKey();
+  const [ready, admin] = await Promise.allSettled([readReadyz(), key ? readAdmin() : Promise.resolve(null)]);
+  if (!key) {
+    keyState.scope = "none";
+    keyState.message = "";
+  }
+  let problem = "";
+  let bad = false;
+  if (ready.status === "fulfilled") {
+    problem = renderReady(ready.value);
+    bad = ready.value.body.state === "FAILED";
+  } else {
+    problem = `The daemon does not answer (${ready.reason}); trying again, less and less often.`;
+    bad = true;
+    setText("st-state", "unreachable").className = "state bad";
+  }
+  const a = admin.status === "fulfilled" ? admin.value : null;
+  const load = a && a.load.status === "fulfilled" ? a.load.value : null;
+  if (ready.status === "fulfilled") renderModels(ready.value.body.models, load && load.models);
+  if (a) {
+    renderIdentity(a.identity);
+    if (load) renderTenants(load);
+    if (several) {
+      // Every model's permits together (each model's own row is in the models table).
+      setText("st-slots", load ? `${load.in_flight} / ${load.slots} (every model)` : null);
+    } else if (a.slots.status === "fulfilled" && Array.isArray(a.slots.value)) {
+      const busy = a.slots.value.filter((s) => s.is_processing).length;
+      setText("st-slots", `${busy} / ${a.slots.value.length}`);
+    } else {
+      setText("st-slots", "– (llama-server is not running)");
+    }
+    showAdminParts(true, "");
+  } else {
+    if (ready.status === "fulfilled") {
+      // Without an admin key, the proxy's own count: requests holding a slot permit.
+      const r = ready.value.body;
+      if (several) {
+        const slots = Object.values(r.models).reduce((sum, m) => sum + m.slots, 0);
+        setText("st-slots", `${r.in_flight} / ${slots} (every model)`);
+      } else {
+        setText("st-slots", `${r.in_flight} / ${r.slots}`);
+      }
+    }
+    showAdminParts(false, keyState.scope === "no-admin" ? keyState.message : "Needs an admin key.");
+  }
+  if (keyState.scope === "refused") {
+    problem = problem ? `${keyState.message} ${problem}` : keyState.message;
+    bad = true;
+  }
+  showMessage("status-message", problem, bad);
+  document.dispatchEvent(new CustomEvent("llamagate:key", { detail: { ...keyState } }));
+  setText("st-updated", clock());
+  return ready.status === "fulfilled" && admin.status === "fulfilled";
+}

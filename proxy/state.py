@@ -1,0 +1,125 @@
+"""The door's state, shared by every request and exposed to the daemon as ``app.state.proxy``.
+
+What belongs to the door rather than to one model: settings, keys and tenants, every tenant's total
+across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
+connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
+of requests being handled (for the drain) and the listener's state (``door``, for /readyz).
+
+The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
+stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
+in-flight permits stay attached to the tenant state they came from), ``router`` to add and remove
+models, and ``active``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from proxy.admission.count_rate import CountRate
+from proxy.admission.idle import IdleWaiters
+from proxy.admission.totals import TenantTotals
+from proxy.asgi.context import RequestContext
+from proxy.auth import NOBODY, Access, KeyTable, Principal, require
+from proxy.errors import Forbidden
+from proxy.metrics.proxy import ProxyMetrics
+from proxy.models.lane import ModelEntry
+from proxy.models.router import ModelRouter
+from proxy.settings import ProxySettings, TenantSettings
+from proxy.source import UpstreamSource
+from proxy.upstream.pool import Upstream
+
+
+class DoorProblems(Protocol):
+    """The listener's side of readiness (``proxy.listener.guard.FrontDoor``)."""
+
+    def problem(self) -> str | None: ...
+
+
+class ProxyState:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        source: UpstreamSource,
+        models: Sequence[ModelEntry],
+        metrics: ProxyMetrics,
+    ) -> None:
+        if not models:
+            raise ValueError("the proxy serves at least one model")
+        # The daemon as a whole: readiness, draining, identity, totals such as restarts.
+        self.source = source
+        self.metrics = metrics
+        self.upstream = Upstream(settings.timeouts)
+        self._active = 0
+        self._idle = IdleWaiters()
+        # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
+        self.door: DoorProblems | None = None
+        self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
+        # A tenant's slots across every model (tenants[].max_concurrency_total).
+        self.totals = TenantTotals()
+        self._apply(settings)
+        self.router = ModelRouter(models, settings.tenants)
+
+    def _apply(self, settings: ProxySettings) -> None:
+        self.settings = settings
+        self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
+        self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
+
+    # --- daemon-facing -----------------------------------------------------------------------------------
+    def reload(self, settings: ProxySettings) -> None:
+        """Swap keys, tenants, limits and timeouts in. The listener address is not reloadable."""
+        self._apply(settings)
+        self.upstream.timeouts = settings.timeouts
+        self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
+        self.router.reload(settings.tenants)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding slot permits, every model together."""
+        return sum(lane.admission.in_flight for lane in self.router.lanes.values())
+
+    @property
+    def queued(self) -> int:
+        return sum(lane.admission.queued for lane in self.router.lanes.values())
+
+    @property
+    def lingering(self) -> int:
+        """Slots still busy in a child after an abandoned request (see ``Admission``)."""
+        return sum(lane.admission.lingering for lane in self.router.lanes.values())
+
+    @property
+    def active(self) -> int:
+        """HTTP requests being handled right now, of any kind."""
+        return self._active
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no request is being handled; True if that happened within ``timeout_s``.
+        Admission of new work is stopped by the snapshot (``ready=False``), not here."""
+        if self._active == 0:
+            return True
+        return await self._idle.wait(timeout_s)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+    # --- request-facing ----------------------------------------------------------------------------------
+    def track_active(self, delta: int) -> None:
+        self._active += delta
+        if self._active == 0:
+            self._idle.wake()
+
+    def authorize(self, ctx: RequestContext, access: Access) -> Principal:
+        """Who is calling, recorded on the request for the access log and metrics (even when refused),
+        and whether their key may use a route of this ``access``."""
+        if access == "none":
+            return NOBODY
+        principal = self.keys.authenticate(ctx.authorization, ctx.client_host)
+        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+        require(principal, access)
+        return principal
+
+    def tenant(self, name: str) -> TenantSettings:
+        settings = self.tenants.get(name)
+        if settings is None:
+            raise Forbidden(f"tenant '{name}' is not configured")
+        return settings

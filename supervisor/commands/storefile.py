@@ -1,0 +1,56 @@
+"""The accounts store named by a configuration, for the ``keys`` and ``usage`` commands.
+
+Only the ``store`` and ``tenants`` sections are read (``load_sections``), so the commands run where the
+daemon's other ``${VAR}``s are not set. The store is opened as a command, not as the daemon: no daemon
+lock, so they run beside a serving daemon (SQLite's WAL), and what they change is in force there within
+a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.accounts.sqlite import SqliteStore, open_store
+from proxy.accounts.store import StoreError
+from supervisor.config.load import load_sections, resolve_config_path
+from supervisor.config.proxy_settings import store_settings
+from supervisor.config.schema import Config
+from supervisor.errors import Misconfigured
+
+
+@dataclass(frozen=True)
+class Configured:
+    source: Path | None  # the config file; None: the embedded default (which has no store)
+    config: Config
+
+    @property
+    def store_path(self) -> Path | None:
+        settings = store_settings(self.config.store)
+        return Path(settings.path) if settings is not None else None
+
+    @property
+    def name(self) -> str:
+        return str(self.source) if self.source is not None else "the embedded default configuration"
+
+    def tenants(self) -> list[str]:
+        return [t.name for t in self.config.tenants]
+
+
+def configured(args: argparse.Namespace) -> Configured:
+    source = resolve_config_path(getattr(args, "config", None))
+    return Configured(source, load_sections(source, ("store", "tenants")))
+
+
+def open_configured(conf: Configured, *, create: bool) -> SqliteStore:
+    path = conf.store_path
+    if path is None:
+        raise Misconfigured(
+            f"{conf.name}: no store configured (add 'store: {{}}' for the default file, or "
+            "store.path); without one, keys live in the configuration's keys: list"
+        )
+    try:
+        return open_store(path, create=create)
+    except StoreError as exc:
+        raise Misconfigured(str(exc)) from exc

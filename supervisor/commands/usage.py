@@ -1,0 +1,96 @@
+"""``llamagate usage``: what tenants and keys used, from the store's hourly rollup of the usage ledger.
+
+Sums of prompt, cached and completion tokens and of requests, per tenant and by hour, UTC day, model or
+key; ``--since`` counts from the start of its hour (the rollup's grain). Read from the store file beside a
+running daemon; the last second or so of requests is still on its way there (the ledger writes in
+batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from typing import Any
+
+from proxy.accounts.records import UsageRow
+from proxy.accounts.store import StoreError
+from supervisor.commands.config import add_config_argument
+from supervisor.commands.keys import print_table
+from supervisor.commands.storefile import configured, open_configured
+from supervisor.commands.timespec import parse_when, utc
+from supervisor.errors import Misconfigured
+
+_SUMS = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("usage", help="tokens and requests by tenant, hour, day, model or key")
+    parser.add_argument("--tenant", help="only this tenant")
+    parser.add_argument("--key", metavar="ID", help="only this key (its id)")
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="from this date or time (2026-12-01, 2026-12-01T10:00; UTC unless it has an offset) or this "
+        "long ago (7d, 12h); default: everything kept",
+    )
+    parser.add_argument(
+        "--by", choices=("tenant", "hour", "day", "model", "key"), default="tenant", help="one row per..."
+    )
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    add_config_argument(parser)
+    parser.set_defaults(func=_usage)
+
+
+_GROUP_COLUMN = {"key": "key_id", "model": "model", "hour": "hour", "day": "day"}
+
+
+def _columns(by: str) -> list[str]:
+    return ["tenant", *([_GROUP_COLUMN[by]] if by in _GROUP_COLUMN else []), *_SUMS]
+
+
+def _group(row: UsageRow, by: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"tenant": row.tenant}
+    if by == "key":
+        out["key_id"] = row.key_id
+    elif by == "model":
+        out["model"] = row.model
+    elif by in ("hour", "day"):
+        out[by] = utc(row.period, iso=True)
+    return out
+
+
+def _record(row: UsageRow, by: str) -> dict[str, Any]:
+    return {**_group(row, by), **{name: getattr(row, name) for name in _SUMS}}
+
+
+def _usage(args: argparse.Namespace) -> int:
+    since = parse_when("--since", args.since, time.time()) if args.since else None
+    conf = configured(args)
+    store = open_configured(conf, create=False)
+    try:
+        rows = store.usage(by=args.by, tenant=args.tenant, key_id=args.key, since=since)
+    except StoreError as exc:
+        raise Misconfigured(str(exc)) from exc
+    finally:
+        store.close()
+    records = [_record(r, args.by) for r in rows]
+    total = {name: sum(getattr(r, name) for r in rows) for name in _SUMS}
+    if args.format == "json":
+        shown_since = utc(since // 3600 * 3600, iso=True) if since is not None else None
+        print(json.dumps({"by": args.by, "since": shown_since, "rows": records, "total": total}, indent=2))
+    elif args.format == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=_columns(args.by), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+    else:
+        header = _columns(args.by)
+        print_table([h.upper() for h in header], [[r[h] for h in header] for r in records])
+        print(
+            f"total: {total['requests']} requests, {total['total_tokens']} tokens "
+            f"({total['prompt_tokens']} prompt, {total['cached_tokens']} of them cached; "
+            f"{total['completion_tokens']} completion)"
+        )
+    return 0

@@ -1,0 +1,122 @@
+"""The proxy alone in its own process, in front of a fixed upstream: what ``tests.benchmarks.proxy`` measures.
+
+It runs the same ``create_app`` and the same uvicorn settings as the daemon, minus the supervisor (the
+upstream is given: a fake or a llama-server the benchmark started), so the process's CPU time is the
+proxy's and nothing else's. The one key's id and digest come from the command line (never the key).
+
+``python -m tests.benchmarks.proxy_server --upstream URL --port N --key-id ID --key-digest D ...``
+prints ``listening on http://127.0.0.1:PORT`` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+import uvicorn
+
+from proxy.app import create_app
+from proxy.listener.guard import FrontDoor, uvicorn_config
+from proxy.models.lane import ModelEntry
+from proxy.settings import KeyEntry, ProxySettings, TenantSettings
+from proxy.source import UpstreamSnapshot
+from supervisor import logs
+
+
+class FixedUpstream:
+    def __init__(self, snap: UpstreamSnapshot) -> None:
+        self._snap = snap
+
+    def snapshot(self) -> UpstreamSnapshot:
+        return self._snap
+
+    def identity(self) -> Mapping[str, object]:
+        return {"upstream": self._snap.base_url, "benchmark": True}
+
+
+def build_settings(args: argparse.Namespace) -> ProxySettings:
+    tenant = TenantSettings(
+        "bench",
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        queue_timeout_s=args.queue_timeout_s,
+    )
+    key = KeyEntry(args.key_id, args.key_digest, "bench", frozenset({"inference", "admin"}))
+    return ProxySettings(tenants=(tenant,), keys=(key,), access_log=args.access_log)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    snap = UpstreamSnapshot(
+        state="READY",
+        ready=True,
+        reason=None,
+        base_url=args.upstream,
+        secret=os.environ.get("LLAMAGATE_BENCH_UPSTREAM_SECRET") or None,
+        model_alias=args.alias,
+        slots=args.slots,
+        ctx_per_slot=args.ctx_per_slot,
+        generation=1,
+        retry_after_s=1.0,
+    )
+    settings = build_settings(args)
+    source = FixedUpstream(snap)
+    app = create_app(settings, source, [ModelEntry(args.alias, (), source)])
+    config = uvicorn_config(
+        app,
+        FrontDoor(lambda: settings.door),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    await task
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="llamagate's proxy alone, for benchmarks")
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--key-id", required=True)
+    parser.add_argument("--key-digest", required=True)
+    parser.add_argument("--alias", default="gemma-3-270m")
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--ctx-per-slot", type=int, default=4096)
+    parser.add_argument("--max-concurrency", type=int, default=64)
+    parser.add_argument("--max-queue", type=int, default=1024)
+    parser.add_argument("--queue-timeout-s", type=float, default=30.0)
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--log-file", default=os.devnull)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    args = parser.parse_args()
+    # Access lines are formatted and written as in the daemon (JSON lines), to a file instead of a terminal.
+    logs.setup("json", "INFO")
+    with open(args.log_file, "a", encoding="utf-8") as sink:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+                handler.setStream(sink)
+        if args.loop == "uvloop":
+            try:  # optional, not a dependency (`pip install uvloop` to compare loops); typed as a module
+                uvloop = importlib.import_module("uvloop")
+            except ImportError:
+                raise SystemExit("--loop uvloop: the uvloop package is not installed") from None
+            uvloop.run(_serve(args))
+        else:
+            asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()

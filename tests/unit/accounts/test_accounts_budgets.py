@@ -1,0 +1,320 @@
+"""Budgets with a fake clock: the bound (within any minute, admitted usage is at most the limit plus one
+request's tokens), Retry-After, the rate-limit headers, and counts that survive a reload and a restart."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from proxy.accounts.budgets import Budgets, Refusal, Ticket, openai_duration
+from proxy.accounts.windows import Window
+from proxy.settings import BudgetSettings, TenantSettings
+
+T0 = 1_800_000_000.0
+TPM = BudgetSettings(tokens_per_minute=200)
+
+
+@dataclass
+class Done:
+    admitted: float
+    charged: float
+    tokens: int
+
+
+def simulate(
+    seed: int, *, clients: int, reserve: int | None, limit: int = 200, duration_s: float = 900.0
+) -> tuple[list[Done], int, int]:
+    """Clients that each send one request after another, as fast as the budget lets them: a refused one
+    waits its Retry-After; an admitted one runs 0.05-8 s and is charged 1-100 tokens. The answered
+    requests, how many refusals, and the most requests that were running at once."""
+    rng = random.Random(seed)
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=limit)})
+    events: list[tuple[float, int, int, Ticket | None]] = [
+        (T0 + rng.random(), i, 0, None) for i in range(clients)
+    ]
+    heapq.heapify(events)
+    done: list[Done] = []
+    started: dict[int, float] = {}
+    refusals = running = most = 0
+    seq = clients
+    while events:
+        now, client, _, ticket = heapq.heappop(events)
+        if now > T0 + duration_s:
+            break
+        if ticket is not None:  # a request ends: charged with its real usage
+            tokens = rng.randint(1, reserve or 100)
+            budgets.charge(ticket, tokens, now)
+            done.append(Done(started.pop(client), now, tokens))
+            running -= 1
+            seq += 1
+            heapq.heappush(events, (now + rng.random() * 0.5, client, seq, None))
+            continue
+        got = budgets.check("t", f"key{client}", now, reserve=reserve)
+        seq += 1
+        if isinstance(got, Refusal):
+            refusals += 1
+            assert 0 < got.retry_after_s <= 60
+            heapq.heappush(events, (now + got.retry_after_s + rng.random() * 0.2, client, seq, None))
+        else:
+            started[client] = now
+            running += 1
+            most = max(most, running)
+            heapq.heappush(events, (now + 0.05 + rng.random() * 8, client, seq, got))
+    return done, refusals, most
+
+
+def worst_minute(done: list[Done], when: str) -> tuple[int, int]:
+    """The largest token sum of requests whose admission (or charge) falls in one 60 s interval
+    [t, t + 60), over every t that starts at one of them; and the largest request in that interval."""
+    times = sorted(done, key=lambda d: getattr(d, when))
+    worst, biggest = 0, 0
+    for i, first in enumerate(times):
+        start = getattr(first, when)
+        inside = [d.tokens for d in times[i:] if getattr(d, when) < start + 60]
+        if sum(inside) > worst:
+            worst, biggest = sum(inside), max(inside)
+    return worst, biggest
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(("clients", "reserve"), [(1, None), (4, None), (4, 100), (12, 100)])
+def test_within_any_minute_usage_is_at_most_the_limit_plus_one_request(
+    seed: int, clients: int, reserve: int | None
+) -> None:
+    done, refusals, most = simulate(seed, clients=clients, reserve=reserve)
+    assert len(done) > 50 and refusals > 0  # the budget was the bottleneck, not the clients
+    for when in ("admitted", "charged"):
+        worst, biggest = worst_minute(done, when)
+        assert worst <= 200 + biggest, (when, worst, biggest)
+        assert worst > 200 - 100  # and the windows were used up to the limit, not kept far below it
+    if reserve is not None and clients > 1:
+        assert most > 1  # with a reserve, requests that fit run side by side
+
+
+def test_one_request_beyond_the_limit_is_allowed_two_are_not() -> None:
+    budgets = Budgets({"t": TPM})
+    first = budgets.check("t", "k", T0)
+    assert isinstance(first, Ticket)
+    # A second request while the first (of unknown size) runs could double the overshoot: refused.
+    second = budgets.check("t", "k", T0 + 1)
+    assert isinstance(second, Refusal) and second.in_flight and second.retry_after_s == 1.0
+    budgets.charge(first, 190, T0 + 2)
+    third = budgets.check("t", "k", T0 + 3)
+    assert isinstance(third, Ticket)  # 190 < 200: room for one more, which may overshoot
+    budgets.charge(third, 64, T0 + 4)  # 254 = 200 + at most one request's tokens
+    fourth = budgets.check("t", "k", T0 + 5)
+    assert isinstance(fourth, Refusal) and not fourth.in_flight and fourth.used == 254
+
+
+def test_retry_after_is_when_the_window_has_room_and_never_over_a_minute() -> None:
+    budgets = Budgets({"t": TPM})
+    for at, tokens in ((T0, 120), (T0 + 10, 50), (T0 + 20, 60)):
+        ticket = budgets.check("t", "k", at)
+        assert isinstance(ticket, Ticket)
+        budgets.charge(ticket, tokens, at)
+    refused = budgets.check("t", "k", T0 + 30)
+    assert isinstance(refused, Refusal)
+    # 230 counted; the 120 at T0 leaves at T0 + 60: then 110 < 200.
+    assert refused.retry_after_s == pytest.approx(30.0)
+    assert isinstance(budgets.check("t", "k", T0 + 59.999), Refusal)
+    assert isinstance(budgets.check("t", "k", T0 + 60), Ticket)
+    error = refused.error({"x-ratelimit-limit-tokens": "200"})
+    assert error.status == 429 and error.headers["retry-after"] == "30"
+    assert error.type == "tokens" and error.code == "tokens_per_minute"
+    assert error.headers["x-ratelimit-limit-tokens"] == "200"
+    assert "tenant 't': its tokens_per_minute budget (200) is spent (230 in the last minute)" in error.message
+
+
+def test_a_charge_at_the_last_instant_still_retries_within_60_s() -> None:
+    budgets = Budgets({"t": TPM})
+    ticket = budgets.check("t", "k", T0)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 500, T0 + 5.25)
+    refused = budgets.check("t", "k", T0 + 5.25)
+    assert isinstance(refused, Refusal) and refused.retry_after_s == 60.0
+    assert refused.error().headers["retry-after"] == "60"
+
+
+def test_requests_per_minute_is_exact() -> None:
+    budgets = Budgets({"t": BudgetSettings(requests_per_minute=3)})
+    for i in range(3):
+        assert isinstance(budgets.check("t", "k", T0 + i), Ticket)
+    refused = budgets.check("t", "k", T0 + 10)
+    assert isinstance(refused, Refusal) and refused.budget == "requests_per_minute"
+    assert refused.retry_after_s == pytest.approx(50.0) and refused.error().type == "requests"
+    assert isinstance(budgets.check("t", "k", T0 + 59.99), Refusal)
+    assert isinstance(budgets.check("t", "k", T0 + 60), Ticket)
+
+
+def test_the_day_window_never_forgets_a_charge_early() -> None:
+    budgets = Budgets({"t": BudgetSettings(tokens_per_day=1000)})
+    ticket = budgets.check("t", "k", T0 + 30)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 1000, T0 + 30)
+    assert isinstance(budgets.check("t", "k", T0 + 30 + 86400 - 0.001), Refusal)
+    # Counted in its minute's bucket: at most 60 s longer than a day, never shorter.
+    refused = budgets.check("t", "k", T0 + 40)
+    assert isinstance(refused, Refusal) and 86400 - 40 <= refused.retry_after_s <= 86400 + 60
+    assert isinstance(budgets.check("t", "k", T0 + 40 + refused.retry_after_s), Ticket)
+
+
+def test_a_key_budget_refuses_that_key_and_not_its_tenant() -> None:
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=10_000)})
+    small = BudgetSettings(tokens_per_minute=100)
+    ticket = budgets.check("t", "k1", T0, key_budgets=small)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 150, T0)
+    refused = budgets.check("t", "k1", T0 + 1, key_budgets=small)
+    assert isinstance(refused, Refusal) and (refused.subject, refused.name) == ("key", "k1")
+    assert "key k1: its tokens_per_minute budget (100)" in refused.message()
+    assert isinstance(budgets.check("t", "k2", T0 + 1), Ticket)
+
+
+def test_the_longest_wait_of_every_budget_is_the_refusal() -> None:
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100, requests_per_minute=1)})
+    ticket = budgets.check("t", "k", T0)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 150, T0 + 20)
+    refused = budgets.check("t", "k", T0 + 30)
+    assert isinstance(refused, Refusal)
+    assert refused.budget == "tokens_per_minute" and refused.retry_after_s == pytest.approx(50.0)
+
+
+def test_a_released_request_frees_its_hold() -> None:
+    budgets = Budgets({"t": TPM})
+    ticket = budgets.check("t", "k", T0)
+    assert isinstance(ticket, Ticket)
+    assert isinstance(budgets.check("t", "k", T0), Refusal)
+    budgets.release(ticket, T0 + 1)  # e.g. it timed out in the queue
+    budgets.release(ticket, T0 + 1)  # twice: nothing more
+    assert isinstance(budgets.check("t", "k", T0 + 1), Ticket)
+
+
+def test_headers_show_the_tightest_budget() -> None:
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=200, requests_per_minute=10)})
+    key = BudgetSettings(tokens_per_minute=100)
+    assert budgets.headers("t", "k", T0, key_budgets=key) == {
+        "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "100",
+        "x-ratelimit-reset-tokens": "0s",
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "10",
+        "x-ratelimit-reset-requests": "0s",
+    }
+    ticket = budgets.check("t", "k", T0, key_budgets=key, reserve=30)
+    assert isinstance(ticket, Ticket)
+    during = budgets.headers("t", "k", T0 + 1, key_budgets=key)
+    assert during["x-ratelimit-remaining-tokens"] == "70"  # its reserve is held while it runs
+    assert during["x-ratelimit-remaining-requests"] == "9" and during["x-ratelimit-reset-requests"] == "59s"
+    budgets.charge(ticket, 25, T0 + 1.5)
+    after = budgets.headers("t", "k", T0 + 2, key_budgets=key)
+    assert after["x-ratelimit-remaining-tokens"] == "75" and after["x-ratelimit-reset-tokens"] == "59.5s"
+    assert budgets.headers("other", "k9", T0) == {}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (59.0, "59s"),
+        (60, "1m0s"),
+        (3725, "1h2m5s"),
+        (86460, "24h1m0s"),
+    ],
+)
+def test_durations_are_written_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert openai_duration(seconds) == text
+
+
+def test_a_reload_or_a_budget_change_keeps_the_counts() -> None:
+    budgets = Budgets({"t": BudgetSettings()})  # no budget yet: usage is counted all the same
+    ticket = budgets.check("t", "k", T0)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 180, T0 + 1)
+    budgets.configure({"t": TPM})  # SIGHUP adds a budget
+    assert isinstance(budgets.check("t", "k", T0 + 2), Ticket)  # 180 < 200
+    budgets.configure({"t": BudgetSettings(tokens_per_minute=150)})
+    refused = budgets.check("t", "k", T0 + 3)
+    assert isinstance(refused, Refusal) and refused.used == 180
+    assert isinstance(
+        budgets.check("t", "k", T0 + 3, key_budgets=BudgetSettings(tokens_per_minute=500)), Refusal
+    )
+
+
+def test_windows_survive_a_restart_through_the_store(store_path: Path) -> None:
+    from proxy.accounts.service import Accounts
+    from proxy.accounts.sqlite import open_store
+
+    now = [T0]
+    tenants = [TenantSettings("t", budgets=TPM)]
+    first = Accounts(open_store(store_path, daemon=True), tenants, clock=lambda: now[0], interval_s=3600)
+    first.start()
+    from tests.unit.accounts.test_accounts_ledger import record
+
+    for i in range(1, 9):  # 8 answers of 25 tokens (15 prompt + 10 completion), one a second
+        now[0] = T0 + i
+        got = first.admit("t", "k", now[0])
+        assert isinstance(got, Ticket)
+        first.finish(got, record(5, tenant="t", at=now[0]))
+    assert isinstance(first.admit("t", "k", now[0]), Refusal)
+    assert first.close()  # the drain writes the windows with the last batch
+
+    now[0] = T0 + 20
+    second = Accounts(open_store(store_path, daemon=True), tenants, clock=lambda: now[0], interval_s=3600)
+    second.start()
+    try:
+        assert second.budgets.used("tenant", "t", "tokens_per_minute", now[0]) == 200
+        assert second.budgets.used("key", "k", "tokens_per_minute", now[0]) == 200
+        assert second.budgets.used("tenant", "t", "requests_per_minute", now[0]) == 8
+        refused = second.admit("t", "k", now[0])
+        assert isinstance(refused, Refusal) and refused.used == 200
+        assert refused.retry_after_s == pytest.approx(41.0)  # the charge at T0 + 1 leaves at T0 + 61
+        assert isinstance(second.admit("t", "k", T0 + 61), Ticket)
+    finally:
+        second.close()
+
+
+def test_window_bookkeeping() -> None:
+    window = Window(60.0)
+    assert window.wait_below(T0, 0) is None and window.reset_in(T0) == 0.0
+    window.add(T0, 5)
+    window.add(T0, 5)  # the same instant: one entry
+    assert len(window) == 1 and window.used(T0 + 59.9) == 10 and window.used(T0 + 60) == 0
+    window.add(T0 + 70, 1)
+    window.add(T0 + 69, 2)  # the clock stepped back: added to the newest entry, not forgotten earlier
+    assert window.used(T0 + 129.9) == 3 and window.persisted(T0 + 70) == (3, T0 + 130)
+    buckets = Window(86400.0, 60.0)
+    assert buckets.add(T0 + 59, 1) == T0 and buckets.add(T0 + 61, 1) == T0 + 60
+    assert math.isclose(buckets.reset_in(T0 + 61), 60 + 60 + 86400 - 61)
+
+
+def test_a_second_of_charges_is_one_row_that_never_expires_early() -> None:
+    window = Window(60.0)
+    for offset, amount in ((0.1, 5), (0.5, 7), (0.9, 11)):
+        assert window.add(T0 + offset, amount) == T0  # one group: the second they fell in
+    assert window.persisted(T0) == (23, T0 + 60.9)  # counted until its newest charge's expiry
+    restored = Window(60.0)
+    restored.restore(T0, 23, T0 + 60.9)
+    assert restored.used(T0 + 60.89) == 23 and restored.used(T0 + 60.9) == 0
+    assert window.used(T0 + 60.6) == 11  # the original, exact: the restored one only errs long
+
+
+def test_the_store_gets_one_row_per_second_and_window_not_one_per_request() -> None:
+    budgets = Budgets({"t": TPM})
+    for i in range(50):
+        ticket = budgets.check("t", "k", T0 + i / 100, reserve=1)
+        assert isinstance(ticket, Ticket)
+        budgets.charge(ticket, 1, T0 + i / 100)
+    rows = budgets.take_dirty(T0 + 1)
+    # (tenant, key) x (tokens per minute, tokens per day, requests per minute), one group each
+    assert len(rows) == 6 and {r.amount for r in rows} == {50}
+    assert budgets.take_dirty(T0 + 1) == []
+    budgets.put_back(rows)  # a failed write: the same rows come again
+    assert sorted(budgets.take_dirty(T0 + 1), key=str) == sorted(rows, key=str)
