@@ -511,7 +511,8 @@ def _entry(served: ServedModel) -> tuple[object, ...]:
 
 
 def _keep_fixed(old: Config, new: Config) -> Config:
-    """``new`` with what a reload cannot change (the listeners, logging) as it is now, and a warning."""
+    """``new`` with what a reload cannot change (the listeners, logging, the store) as it is now, and a
+    warning."""
     fixed = []
     if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
         new.proxy.host,
@@ -521,6 +522,8 @@ def _keep_fixed(old: Config, new: Config) -> Config:
         fixed.append("proxy.host/port/metrics_listener")
     if (old.logging.format, old.logging.level) != (new.logging.format, new.logging.level):
         fixed.append("logging.format/level")
+    if old.store != new.store:
+        fixed.append("store")
     if not fixed:
         return new
     log.warning(f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones")
@@ -530,4 +533,5 @@ def _keep_fixed(old: Config, new: Config) -> Config:
             new.proxy, host=old.proxy.host, port=old.proxy.port, metrics_listener=old.proxy.metrics_listener
         ),
         logging=replace(new.logging, format=old.logging.format, level=old.logging.level),
+        store=old.store,
     )

@@ -241,3 +241,26 @@ async def test_a_reload_refused_before_the_child_says_so_without_details(
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
     assert "secret-name" not in str(h.readyz_info()) and h.sup.machine.generation == 1
+
+
+async def test_what_a_reload_cannot_change_is_kept_with_a_warning_and_the_rest_applies(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    port, listener = h.daemon.cfg.proxy.port, h.daemon.cfg.proxy.metrics_listener
+    h.path.write_text(
+        "proxy: {port: 18099, metrics_listener: {port: 18098}}\nlogging: {format: json}\nstore: {}\n"
+        f"tenants:\n{NEW_TENANT}"
+    )
+    await h.daemon.reload()
+    assert (
+        "SIGHUP: proxy.host/port/metrics_listener, logging.format/level, store take effect at the next"
+        " daemon start; keeping the current ones"
+    ) in caplog.text
+    cfg = h.daemon.cfg
+    assert (cfg.proxy.port, cfg.proxy.metrics_listener, cfg.logging.format, cfg.store) == (
+        port,
+        listener,
+        "text",
+        None,
+    )
+    assert h.max_queue() == 1 and h.sup.last_reload == "applied" and h.sup.machine.generation == 1

@@ -266,3 +266,13 @@ async def test_sighup_with_the_config_unchanged_starts_a_failed_model_again(
     assert h.daemon.models.snapshot().ready and len(h.os.by_alias["embed"]) == 2
     assert h.child("chat").signals == [] and h.sup("chat").machine.generation == 1
     assert "model 'embed' is FAILED: starting llama-server again" in caplog.text
+
+
+async def test_going_from_models_to_the_llama_section_replaces_the_set(h: Harness) -> None:
+    old = [h.child("chat"), h.child("embed")]
+    h.path.write_text(f'llama: {{model: {{path: /m/solo.gguf, sha256: "{"1" * 64}", alias: solo}}}}\n')
+    await h.daemon.reload()
+    assert list(h.daemon.models.hosts) == ["solo"] and h.daemon.models.last_reload == "applied"
+    await until(lambda: h.sup("solo").state is State.READY, "solo READY")
+    assert h.daemon.models.snapshot().ready and h.daemon.models.snapshot().model_alias == "solo"
+    assert all(child.signals == [signal.SIGTERM] for child in old)
