@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from proxy.errors import NotReady
+from proxy.errors import Conflict, NotReady
 from proxy.source import UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
@@ -62,6 +62,9 @@ class ModelHost:
         self.loads = 0
         self.last_load_s: float | None = None
         self.unloaded_reason = "not loaded: on_demand, loads on its first request"
+        # The set's usable memory and its lock around loads and unloads (``ModelSet.add`` sets both).
+        self.usable_bytes: int | None = None
+        self.lock: asyncio.Lock | None = None
         self._changed = asyncio.Event()
         self.sup.observers.append(self._on_change)
 
@@ -159,6 +162,33 @@ class ModelHost:
             "last_load_s": self.last_load_s,
         }
 
+    # --- OperatorControl (proxy.models.lane: /admin/models) ------------------------------------------
+    def control_report(self) -> Mapping[str, object]:
+        usable = self.usable_bytes
+        return {
+            "budget_bytes": self.required_bytes,
+            "budget_share": round(self.required_bytes / usable, 4) if usable else None,
+            "loads": self.loads,
+        }
+
+    async def load(self) -> None:
+        """An operator's load: an on_demand model as its first request would load it (a refusal for
+        memory names what holds it); an ``always`` model is already the supervisor's to keep up."""
+        if not self.served.on_demand:
+            if self.running:
+                return
+            raise NotReady(f"the model '{self.name}' is not running: {self.unloaded_reason}", None)
+        await self.ensure_loaded()
+
+    async def unload(self, reason: str) -> None:
+        if not self.served.on_demand:
+            raise Conflict(f"the model '{self.name}' has residency 'always' and cannot be unloaded")
+        if self.lock is None:
+            await self.stop(reason)
+            return
+        async with self.lock:  # never beside a load of the set making room
+            await self.stop(reason)
+
     # --- LoadsOnDemand (proxy.model_router) ----------------------------------------------------------
     async def ensure_loaded(self) -> None:
         if not self.served.on_demand:
@@ -228,6 +258,7 @@ class ModelSet:
     # --- membership ----------------------------------------------------------------------------------
     def add(self, host: ModelHost) -> None:
         self.hosts[host.name] = host
+        host.usable_bytes, host.lock = self.usable_bytes, self._lock
         host.sup.draining = self._draining
         host.sup.observers.append(lambda old, new, reason: self._on_change(host, new, reason))
 

@@ -331,3 +331,28 @@ def test_a_model_restarting_on_sighup_answers_503_not_404_until_it_is_back() -> 
     r.remove("embed")  # removed for good: not served
     with pytest.raises(ModelNotFound):
         r.resolve("embed", anyone)
+
+
+async def test_a_host_reports_its_budget_share_and_an_always_model_refuses_to_unload() -> None:
+    from types import SimpleNamespace
+
+    from proxy.errors import Conflict
+    from proxy.models.lane import OperatorControl
+
+    def host(name: str, on_demand: bool) -> ModelHost:
+        sup = SimpleNamespace(observers=[], tick_hooks=[], draining=False)
+        served = _Served(name, on_demand, residency="on_demand" if on_demand else "always")
+        budget = SimpleNamespace(required_bytes=250)
+        model = SimpleNamespace(served=served, prepared=SimpleNamespace(budget=budget))
+        return ModelHost(cast(Any, model), lambda n, p: cast(Any, sup), lambda h: None)
+
+    s = ModelSet(1000)
+    always, lazy = host("chat", False), host("lazy", True)
+    s.add(always)
+    s.add(lazy)
+    assert isinstance(lazy, OperatorControl)
+    assert lazy.control_report() == {"budget_bytes": 250, "budget_share": 0.25, "loads": 0}
+    with pytest.raises(Conflict, match="'chat' has residency 'always'"):
+        await always.unload("by hand")
+    await lazy.unload("by hand")  # nothing running: nothing to stop, under the set's lock
+    assert lazy.lock is s._lock and not s._lock.locked()
