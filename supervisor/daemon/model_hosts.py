@@ -145,11 +145,19 @@ class ModelHost:
             slots=spec.slots,
             ctx_per_slot=spec.ctx_per_slot,
             generation=self.sup.machine.generation,
-            retry_after_s=self.last_load_s or 5.0,
+            retry_after_s=self._load_estimate(),
             embeddings=spec.embeddings,
             reranking=spec.reranking,
             info=info,
         )
+
+    def _load_estimate(self) -> float:
+        """Seconds a load from now should take: the supervisor's record of the previous load of the
+        same file, else the last wait for a load, else a guess."""
+        estimate = self.sup.load_estimate_s()
+        if estimate is None:
+            estimate = self.last_load_s
+        return max(1.0, estimate) if estimate is not None else 5.0
 
     def identity(self) -> Mapping[str, object]:
         return {
@@ -212,9 +220,11 @@ class ModelHost:
                 raise NotReady(f"the model '{self.name}' could not be loaded: {why}", None)
             left = deadline - time.monotonic()
             if left <= 0:
+                # The load goes on: retry when the supervisor's estimate says it should be done.
+                retry = self.sup.snapshot().retry_after_s
                 raise NotReady(
                     f"the model '{self.name}' is still loading after {limit:g} s (models[].load_wait_s)",
-                    NO_ROOM_RETRY_S,
+                    retry if retry is not None else NO_ROOM_RETRY_S,
                 )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):

@@ -356,3 +356,23 @@ async def test_a_host_reports_its_budget_share_and_an_always_model_refuses_to_un
         await always.unload("by hand")
     await lazy.unload("by hand")  # nothing running: nothing to stop, under the set's lock
     assert lazy.lock is s._lock and not s._lock.locked()
+
+
+async def test_a_request_that_waited_out_a_load_gets_retry_after_from_the_supervisors_estimate() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.child.machine import State
+
+    snap = SimpleNamespace(retry_after_s=17.0)
+    sup = SimpleNamespace(observers=[], state=State.STARTING, snapshot=lambda: snap)
+    served = SimpleNamespace(name="cold", on_demand=True, load_wait_s=0.05)
+    model = SimpleNamespace(served=served, prepared=SimpleNamespace())
+
+    async def loader(host: Any) -> None:
+        host.task = asyncio.get_running_loop().create_future()  # running, still loading
+
+    host = ModelHost(cast(Any, model), lambda name, prepared: cast(Any, sup), loader)
+    with pytest.raises(NotReady, match=r"still loading after 0\.05 s") as refused:
+        await host.ensure_loaded()
+    assert refused.value.headers["retry-after"] == "17"
+    cast(asyncio.Future[None], host.task).cancel()
