@@ -311,6 +311,16 @@ class ModelSet:
         for host in self.hosts.values():
             if not host.served.on_demand:
                 host.start()
+        for host in list(self.hosts.values()):
+            if host.served.on_demand and host.served.preload:
+                # Loaded as a request would load it: room is made the same way, or it waits unloaded.
+                try:
+                    await self.load(host)
+                except NotReady as exc:
+                    log.warning(
+                        "preload of an on_demand model refused",
+                        extra={"fields": {"model": host.name, "reason": exc.message}},
+                    )
         try:
             while not self._stop.is_set():
                 now = time.monotonic()

@@ -127,6 +127,7 @@ class _Served:
     on_demand: bool = True
     idle_unload_s: float | None = 10.0
     residency: str = "on_demand"
+    preload: bool = False
 
 
 @dataclass
@@ -376,3 +377,29 @@ async def test_a_request_that_waited_out_a_load_gets_retry_after_from_the_superv
         await host.ensure_loaded()
     assert refused.value.headers["retry-after"] == "17"
     cast(asyncio.Future[None], host.task).cancel()
+
+
+def test_preload_is_for_on_demand_models_only_and_reaches_the_served_model() -> None:
+    assert problems("models:\n  - {name: chat, preload: true}\n") == [
+        "models[0].preload: only for residency on_demand (an 'always' model is loaded at start anyway)"
+    ]
+    cfg = parse_config("models:\n  - {name: chat}\n  - {name: lazy, residency: on_demand, preload: true}\n")
+    assert [m.preload for m in served_models(cfg)] == [False, True]
+
+
+async def test_a_preloaded_on_demand_model_is_loaded_at_start_and_may_be_unloaded() -> None:
+    always = StandIn("chat", 100, on_demand=False)
+    lazy, cold = StandIn("lazy", 100), StandIn("cold", 100)
+    lazy.served.preload = True
+    # In use: the idle unload (which a preloaded model is subject to, as any on_demand one) leaves it.
+    s = model_set(1000, always, lazy, cold, usage={"lazy": (True, 0.0)})
+    running = asyncio.create_task(s.run())
+    try:
+        async with asyncio.timeout(5):
+            while not (always.running and lazy.running):  # noqa: ASYNC110 - the set's own task starts them
+                await asyncio.sleep(0.005)
+        assert not cold.running and lazy.starts == 1
+    finally:
+        await s.stop()
+        await running
+    assert lazy.stops and not lazy.running
