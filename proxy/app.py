@@ -41,28 +41,48 @@ from proxy.state import ProxyState
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 
 
+# A row's methods, its endpoint and its path as written (the request's label).
+_Entry = tuple[frozenset[str], ASGIApp, str]
+
+
 class _Dispatch:
-    """Exact-path routing: one dict lookup. Unknown path: 404; known path, wrong method: 405."""
+    """Exact-path routing: one dict lookup. Unknown path: 404; known path, wrong method: 405. The few
+    rows with a path parameter (``/admin/models/{name}/load``, admin only) are tried after a miss, in
+    order, by Starlette's compiled pattern; their ``path_params`` go in the scope."""
 
     def __init__(self, routes: Sequence[Route], fallback: ASGIApp) -> None:
         # HEAD only for the probes: relayed upstream, a HEAD answer has a length but no body to wait for.
-        self._table = {
-            r.path: (frozenset(r.methods or ()) - (set() if r.path in _PROBES else {"HEAD"}), r.app)
-            for r in routes
-        }
+        def entry(r: Route) -> _Entry:
+            return frozenset(r.methods or ()) - (set() if r.path in _PROBES else {"HEAD"}), r.app, r.path
+
+        self._table = {r.path: entry(r) for r in routes if not r.param_convertors}
+        self._patterns = [(r, entry(r)) for r in routes if r.param_convertors]
         self._fallback = fallback
+
+    def _match(self, scope: Scope) -> _Entry | None:
+        path: str = scope["path"]
+        entry = self._table.get(path)
+        if entry is not None or not self._patterns:
+            return entry
+        for route, found in self._patterns:
+            matched = route.path_regex.match(path)
+            if matched is not None:
+                convert = route.param_convertors
+                scope["path_params"] = {k: convert[k].convert(v) for k, v in matched.groupdict().items()}
+                return found
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._fallback(scope, receive, send)  # lifespan
             return
-        entry = self._table.get(scope["path"])
+        entry = self._match(scope)
         if entry is None:
             raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
-        methods, endpoint = entry
+        methods, endpoint, route = entry
         if scope["method"] not in methods:
             ctx: RequestContext = scope[SCOPE_KEY]
-            ctx.route = scope["path"]  # a known route (bounded label set); only the method was wrong
+            ctx.route = route  # a known row's path (bounded label set); only the method was wrong
             allow = ", ".join(sorted(methods))
             raise MethodNotAllowed(
                 f"method {scope['method']} is not allowed on {scope['path']}", headers={"allow": allow}

@@ -9,6 +9,7 @@
     ├── NotFound                    404 not_found_error          unknown route
     │   └── ModelNotFound           404 model_not_found          "model" is not the served alias
     ├── MethodNotAllowed            405 invalid_request_error    + Allow
+    ├── Conflict                    409 invalid_request_error    the operator's action contradicts config
     ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
@@ -118,6 +119,15 @@ class MethodNotAllowed(ProxyError):
     type = "invalid_request_error"
     code = "method_not_allowed"
     outcome = "rejected:method_not_allowed"
+
+
+class Conflict(ProxyError):
+    """An operator's action the configuration forbids (unloading a ``residency: always`` model)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+    outcome = "rejected:conflict"
 
 
 class PayloadTooLarge(ProxyError):

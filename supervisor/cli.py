@@ -22,7 +22,19 @@ from supervisor import __version__
 from supervisor.errors import LlamagateError
 
 # Each module exposes ``register(subparsers)`` and sets ``func`` (args -> exit status) on its parser.
-COMMAND_MODULES = ("build", "verify", "model", "config", "plan", "serve", "status", "keys", "usage", "bench")
+COMMAND_MODULES = (
+    "build",
+    "verify",
+    "model",
+    "config",
+    "plan",
+    "serve",
+    "status",
+    "models",
+    "keys",
+    "usage",
+    "bench",
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

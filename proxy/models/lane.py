@@ -10,7 +10,7 @@ every lane at the door (``proxy.admission.totals``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +25,25 @@ from proxy.source import UpstreamSnapshot, UpstreamSource
 class LoadsOnDemand(Protocol):
     async def ensure_loaded(self) -> None:
         """Return once the model's child is READY; raise ``NotReady`` (with why) when it cannot be."""
+        ...
+
+
+@runtime_checkable
+class OperatorControl(Protocol):
+    """What an operator may do to one model (``/admin/models``), implemented by the daemon's model host:
+    the proxy drains the model's lane before ``unload`` and refuses to unload an ``always`` model itself."""
+
+    def control_report(self) -> Mapping[str, object]:
+        """Non-secret figures the proxy cannot know: ``budget_bytes``, ``budget_share``, ``loads``."""
+        ...
+
+    async def load(self) -> None:
+        """Load the model and return once it is READY; raise ``NotReady`` saying why it cannot be (its
+        budget does not fit: which models hold the memory)."""
+        ...
+
+    async def unload(self, reason: str) -> None:
+        """Stop the model's child; ``Conflict`` for a model that must stay loaded."""
         ...
 
 

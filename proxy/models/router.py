@@ -138,6 +138,11 @@ class ModelRouter:
                 "ctx_per_slot": snap.ctx_per_slot,
                 "in_flight": lane.admission.in_flight,
                 "queued": lane.admission.queued,
+                # The load now (0..1 rising to 1.0 at READY), its step and the time left by the last
+                # load of the same file (supervisor.child.loading).
+                "progress": snap.progress,
+                "load_step": snap.load_step,
+                "load_eta_s": snap.load_eta_s,
                 **{k: v for k, v in snap.info.items() if k in _MODEL_INFO},
             }
         return out

@@ -20,6 +20,7 @@ from proxy.errors import NotFound
 from proxy.middleware.anthropic import AnthropicRoute
 from proxy.routes.admin import AdminLoad, Identity, Metrics
 from proxy.routes.inference import Inference
+from proxy.routes.model_control import AdminModels, LoadModel, UnloadModel
 from proxy.routes.models import ModelsRoute
 from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
@@ -74,6 +75,12 @@ def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
         return Identity(state)
     if kind == "load":
         return AdminLoad(state)
+    if kind == "admin_models":
+        return AdminModels(state)
+    if kind == "model_load":
+        return LoadModel(state)
+    if kind == "model_unload":
+        return UnloadModel(state)
     if kind == "slots":
         return Passthrough(state, spec.path, need_ready=False)
     raise ValueError(f"no endpoint for kind {kind!r}")  # pragma: no cover - the Literal keeps it out

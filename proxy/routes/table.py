@@ -19,7 +19,12 @@ row is served (``proxy.routes.build`` maps kinds to endpoints):
   a per-tenant rate instead (``proxy.admission.count_rate``);
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
-  ``load`` (the admission gate per tenant, for the page), ``slots``.
+  ``load`` (the admission gate per tenant, for the page), ``slots``, ``admin_models`` (every model's
+  state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model).
+
+A row's path is exact, or holds a ``{name}`` path parameter (Starlette's syntax, e.g.
+``/admin/models/{name}/load``): the endpoint reads it from ``scope["path_params"]``, and the metrics and
+access log label the request by the row's path as written, so the label set stays bounded.
 
 The status page's static files (``/``, ``/ui``, ``/ui/*``; ``proxy.routes.ui``) are not API routes and not in
 this table: ``proxy.app`` adds them beside it.
@@ -54,6 +59,9 @@ Kind = Literal[
     "identity",
     "load",
     "slots",
+    "admin_models",
+    "model_load",
+    "model_unload",
 ]
 # The child must have been started with this feature (llama.embeddings / llama.reranking).
 Feature = Literal["embeddings", "reranking"]
@@ -76,6 +84,11 @@ class RouteSpec:
     needs: Feature | None = None
     # Anthropic clients: credentials also from x-api-key, errors in Anthropic's shape.
     anthropic: bool = False
+
+    @property
+    def parameterized(self) -> bool:
+        """The path holds a ``{name}`` parameter: it matches many request paths, never exactly."""
+        return "{" in self.path
 
     @property
     def admission(self) -> bool:
@@ -137,6 +150,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/admin/identity", _G, "identity", "admin"),
     RouteSpec("/admin/load", _G, "load", "admin"),
     RouteSpec("/slots", _G, "slots", "admin"),
+    RouteSpec("/admin/models", _G, "admin_models", "admin"),
+    RouteSpec("/admin/models/{name}/load", _P, "model_load", "admin"),
+    RouteSpec("/admin/models/{name}/unload", _P, "model_unload", "admin"),
 )
 
 _AUDIO = "audio input needs a multimodal projector, which the supervisor does not load"
@@ -177,4 +193,6 @@ REFUSED: tuple[Refused, ...] = (
 
 
 def served_paths() -> frozenset[str]:
-    return frozenset(r.path for r in ROUTES)
+    """The exact paths served (CORS preflights match these); parameterized rows are admin-only and not
+    meant for cross-origin callers."""
+    return frozenset(r.path for r in ROUTES if not r.parameterized)

@@ -45,7 +45,7 @@ def _fmt_duration(seconds: Any) -> str:
     )
 
 
-def _default_url(args: argparse.Namespace) -> str:
+def default_url(args: argparse.Namespace) -> str:
     if os.environ.get(URL_ENV):
         return os.environ[URL_ENV]
     path = resolve_config_path(args.config)
@@ -83,7 +83,7 @@ def _unreachable(args: argparse.Namespace, url: str, error: str) -> int:
 def _status(args: argparse.Namespace) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout}: must be > 0 seconds")
-    url = normalize_url(args.url or _default_url(args))
+    url = normalize_url(args.url or default_url(args))
     key = args.key or os.environ.get(KEY_ENV)
     with httpx.Client(timeout=args.timeout, trust_env=False) as client:
         try:

@@ -37,6 +37,7 @@ class ServedModel:
     idle_unload_s: float | None  # None: never unloaded for idleness (always resident)
     cfg: Config  # a one-model config: cfg.llama is this model's child
     load_wait_s: float = 300.0  # on_demand: how long a request waits for the load
+    preload: bool = False  # on_demand: also loaded when the daemon starts
 
     @property
     def on_demand(self) -> bool:
@@ -61,7 +62,9 @@ def _one(cfg: Config, entry: ServedModelConfig) -> ServedModel:
     # The child knows one alias (its name); the proxy maps the other names to it.
     one = replace(cfg, llama=llama, models=(), proxy=replace(cfg.proxy, model_aliases=entry.aliases))
     idle = entry.idle_unload_s if entry.residency == "on_demand" else None
-    return ServedModel(entry.name, entry.aliases, entry.residency, idle, one, entry.load_wait_s)
+    return ServedModel(
+        entry.name, entry.aliases, entry.residency, idle, one, entry.load_wait_s, entry.preload
+    )
 
 
 def as_model_path(message: str, index: int) -> str:

@@ -27,6 +27,10 @@ def _models(cfg: Config) -> list[str]:
             if name in owner:
                 out.append(f"{where}.{field}: {name!r} already names {owner[name]}")
             owner.setdefault(name, where)
+        if m.preload and m.residency != "on_demand":
+            out.append(
+                f"{where}.preload: only for residency on_demand (an 'always' model is loaded at start anyway)"
+            )
         if m.path is not None and m.sha256 is None:
             out.append(f"{where}.sha256: required when {where}.path is set (the file is verified)")
         if m.path is None and m.sha256 is not None:

@@ -235,6 +235,9 @@ class ServedModelConfig:
         "on_demand: longest a request waits for the model to load and pass its gate; then 503",
         positive,
     )
+    preload: bool = setting(
+        False, "on_demand: also loaded when the daemon starts (then unloaded when idle, or by an operator)"
+    )
     slots: int | None = setting(None, "parallel sequences (-np); null = llama.slots", at_least(1))
     ctx_per_slot: int | None = setting(
         None, "context tokens per slot, a multiple of 256; null = llama.ctx_per_slot", multiple_of_256

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from proxy.errors import NotReady
+from proxy.errors import Conflict, NotReady
 from proxy.source import UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
@@ -62,6 +62,9 @@ class ModelHost:
         self.loads = 0
         self.last_load_s: float | None = None
         self.unloaded_reason = "not loaded: on_demand, loads on its first request"
+        # The set's usable memory and its lock around loads and unloads (``ModelSet.add`` sets both).
+        self.usable_bytes: int | None = None
+        self.lock: asyncio.Lock | None = None
         self._changed = asyncio.Event()
         self.sup.observers.append(self._on_change)
 
@@ -142,11 +145,19 @@ class ModelHost:
             slots=spec.slots,
             ctx_per_slot=spec.ctx_per_slot,
             generation=self.sup.machine.generation,
-            retry_after_s=self.last_load_s or 5.0,
+            retry_after_s=self._load_estimate(),
             embeddings=spec.embeddings,
             reranking=spec.reranking,
             info=info,
         )
+
+    def _load_estimate(self) -> float:
+        """Seconds a load from now should take: the supervisor's record of the previous load of the
+        same file, else the last wait for a load, else a guess."""
+        estimate = self.sup.load_estimate_s()
+        if estimate is None:
+            estimate = self.last_load_s
+        return max(1.0, estimate) if estimate is not None else 5.0
 
     def identity(self) -> Mapping[str, object]:
         return {
@@ -158,6 +169,33 @@ class ModelHost:
             "loads": self.loads,
             "last_load_s": self.last_load_s,
         }
+
+    # --- OperatorControl (proxy.models.lane: /admin/models) ------------------------------------------
+    def control_report(self) -> Mapping[str, object]:
+        usable = self.usable_bytes
+        return {
+            "budget_bytes": self.required_bytes,
+            "budget_share": round(self.required_bytes / usable, 4) if usable else None,
+            "loads": self.loads,
+        }
+
+    async def load(self) -> None:
+        """An operator's load: an on_demand model as its first request would load it (a refusal for
+        memory names what holds it); an ``always`` model is already the supervisor's to keep up."""
+        if not self.served.on_demand:
+            if self.running:
+                return
+            raise NotReady(f"the model '{self.name}' is not running: {self.unloaded_reason}", None)
+        await self.ensure_loaded()
+
+    async def unload(self, reason: str) -> None:
+        if not self.served.on_demand:
+            raise Conflict(f"the model '{self.name}' has residency 'always' and cannot be unloaded")
+        if self.lock is None:
+            await self.stop(reason)
+            return
+        async with self.lock:  # never beside a load of the set making room
+            await self.stop(reason)
 
     # --- LoadsOnDemand (proxy.model_router) ----------------------------------------------------------
     async def ensure_loaded(self) -> None:
@@ -182,9 +220,11 @@ class ModelHost:
                 raise NotReady(f"the model '{self.name}' could not be loaded: {why}", None)
             left = deadline - time.monotonic()
             if left <= 0:
+                # The load goes on: retry when the supervisor's estimate says it should be done.
+                retry = self.sup.snapshot().retry_after_s
                 raise NotReady(
                     f"the model '{self.name}' is still loading after {limit:g} s (models[].load_wait_s)",
-                    NO_ROOM_RETRY_S,
+                    retry if retry is not None else NO_ROOM_RETRY_S,
                 )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -228,6 +268,7 @@ class ModelSet:
     # --- membership ----------------------------------------------------------------------------------
     def add(self, host: ModelHost) -> None:
         self.hosts[host.name] = host
+        host.usable_bytes, host.lock = self.usable_bytes, self._lock
         host.sup.draining = self._draining
         host.sup.observers.append(lambda old, new, reason: self._on_change(host, new, reason))
 
@@ -270,6 +311,16 @@ class ModelSet:
         for host in self.hosts.values():
             if not host.served.on_demand:
                 host.start()
+        for host in list(self.hosts.values()):
+            if host.served.on_demand and host.served.preload:
+                # Loaded as a request would load it: room is made the same way, or it waits unloaded.
+                try:
+                    await self.load(host)
+                except NotReady as exc:
+                    log.warning(
+                        "preload of an on_demand model refused",
+                        extra={"fields": {"model": host.name, "reason": exc.message}},
+                    )
         try:
             while not self._stop.is_set():
                 now = time.monotonic()

@@ -47,6 +47,7 @@ from proxy.source import UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.gate import HttpProbes
+from supervisor.child.loading import LoadTimes
 from supervisor.child.machine import State
 from supervisor.child.osseam import ChildOs, Probes
 from supervisor.child.preflight import refused_arguments
@@ -97,6 +98,9 @@ class Daemon:
         self.generated_keys = tuple(generated_keys)
         # Every model's children start under it; a SIGHUP changes it before any new child starts.
         self.supervision = cfg.supervision
+        # One record of load times for every model's supervisors: a host gets a fresh supervisor at
+        # each load, and an on_demand model's second load must still know how long its first took.
+        self.load_times = LoadTimes()
         sweep_stale()
         self.workdir = make_private_dir()
         try:
@@ -157,6 +161,7 @@ class Daemon:
             health_timeout_s=s.health_timeout_s,
             identity=prepared.identity,
             model=name,  # every log record of this child names its model
+            load_times=self.load_times,
         )
         sup.budget = prepared.budget.as_dict()
         return sup

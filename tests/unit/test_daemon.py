@@ -157,3 +157,14 @@ async def test_sigterm_is_not_held_up_by_a_slow_reload(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await d._close()
+
+
+def test_every_supervisor_shares_one_load_record_and_an_unloaded_model_promises_its_estimate() -> None:
+    d = make_daemon()
+    host = d.models.primary
+    # A host gets a fresh supervisor at each load: it must still know how long the previous load took.
+    fresh = host.factory(host.name, host.prepared)
+    assert fresh.load_times is host.sup.load_times is d.load_times
+    assert host.snapshot().state == "UNLOADED" and host.snapshot().retry_after_s == 5.0  # no estimate yet
+    host.sup.load_estimate_s = lambda: 42.0  # type: ignore[method-assign]
+    assert host.snapshot().retry_after_s == 42.0

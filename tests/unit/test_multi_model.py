@@ -127,6 +127,7 @@ class _Served:
     on_demand: bool = True
     idle_unload_s: float | None = 10.0
     residency: str = "on_demand"
+    preload: bool = False
 
 
 @dataclass
@@ -331,3 +332,74 @@ def test_a_model_restarting_on_sighup_answers_503_not_404_until_it_is_back() -> 
     r.remove("embed")  # removed for good: not served
     with pytest.raises(ModelNotFound):
         r.resolve("embed", anyone)
+
+
+async def test_a_host_reports_its_budget_share_and_an_always_model_refuses_to_unload() -> None:
+    from types import SimpleNamespace
+
+    from proxy.errors import Conflict
+    from proxy.models.lane import OperatorControl
+
+    def host(name: str, on_demand: bool) -> ModelHost:
+        sup = SimpleNamespace(observers=[], tick_hooks=[], draining=False)
+        served = _Served(name, on_demand, residency="on_demand" if on_demand else "always")
+        budget = SimpleNamespace(required_bytes=250)
+        model = SimpleNamespace(served=served, prepared=SimpleNamespace(budget=budget))
+        return ModelHost(cast(Any, model), lambda n, p: cast(Any, sup), lambda h: None)
+
+    s = ModelSet(1000)
+    always, lazy = host("chat", False), host("lazy", True)
+    s.add(always)
+    s.add(lazy)
+    assert isinstance(lazy, OperatorControl)
+    assert lazy.control_report() == {"budget_bytes": 250, "budget_share": 0.25, "loads": 0}
+    with pytest.raises(Conflict, match="'chat' has residency 'always'"):
+        await always.unload("by hand")
+    await lazy.unload("by hand")  # nothing running: nothing to stop, under the set's lock
+    assert lazy.lock is s._lock and not s._lock.locked()
+
+
+async def test_a_request_that_waited_out_a_load_gets_retry_after_from_the_supervisors_estimate() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.child.machine import State
+
+    snap = SimpleNamespace(retry_after_s=17.0)
+    sup = SimpleNamespace(observers=[], state=State.STARTING, snapshot=lambda: snap)
+    served = SimpleNamespace(name="cold", on_demand=True, load_wait_s=0.05)
+    model = SimpleNamespace(served=served, prepared=SimpleNamespace())
+
+    async def loader(host: Any) -> None:
+        host.task = asyncio.get_running_loop().create_future()  # running, still loading
+
+    host = ModelHost(cast(Any, model), lambda name, prepared: cast(Any, sup), loader)
+    with pytest.raises(NotReady, match=r"still loading after 0\.05 s") as refused:
+        await host.ensure_loaded()
+    assert refused.value.headers["retry-after"] == "17"
+    cast(asyncio.Future[None], host.task).cancel()
+
+
+def test_preload_is_for_on_demand_models_only_and_reaches_the_served_model() -> None:
+    assert problems("models:\n  - {name: chat, preload: true}\n") == [
+        "models[0].preload: only for residency on_demand (an 'always' model is loaded at start anyway)"
+    ]
+    cfg = parse_config("models:\n  - {name: chat}\n  - {name: lazy, residency: on_demand, preload: true}\n")
+    assert [m.preload for m in served_models(cfg)] == [False, True]
+
+
+async def test_a_preloaded_on_demand_model_is_loaded_at_start_and_may_be_unloaded() -> None:
+    always = StandIn("chat", 100, on_demand=False)
+    lazy, cold = StandIn("lazy", 100), StandIn("cold", 100)
+    lazy.served.preload = True
+    # In use: the idle unload (which a preloaded model is subject to, as any on_demand one) leaves it.
+    s = model_set(1000, always, lazy, cold, usage={"lazy": (True, 0.0)})
+    running = asyncio.create_task(s.run())
+    try:
+        async with asyncio.timeout(5):
+            while not (always.running and lazy.running):  # noqa: ASYNC110 - the set's own task starts them
+                await asyncio.sleep(0.005)
+        assert not cold.running and lazy.starts == 1
+    finally:
+        await s.stop()
+        await running
+    assert lazy.stops and not lazy.running

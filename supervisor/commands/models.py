@@ -1,0 +1,108 @@
+"""``llamagate models list|load|unload NAME``: see and act on a running daemon's models through its admin
+routes (``GET /admin/models``, ``POST /admin/models/NAME/load|unload``). Exit 0 done, 1 refused (the
+daemon's reason is printed), 2 usage or unreachable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from supervisor.commands.config import add_config_argument
+from supervisor.commands.status import KEY_ENV, URL_ENV, default_url, normalize_url
+from supervisor.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="list, load or unload a running daemon's models (exit 0 done, 1 refused, 2 unreachable)",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{list,load,unload}")
+    for action, text in (
+        ("list", "each model's state, residency, memory share, loads and load progress"),
+        ("load", "load NAME and wait until it is READY"),
+        ("unload", "drain NAME's requests, then stop its child (on_demand models only)"),
+    ):
+        sub = actions.add_parser(action, help=text)
+        if action != "list":
+            sub.add_argument("name", metavar="NAME", help="the model's name (models[].name)")
+        sub.add_argument(
+            "--url",
+            help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
+            "--config, else 127.0.0.1:8080)",
+        )
+        add_config_argument(sub)
+        sub.add_argument("--key", help=f"admin key (default ${KEY_ENV})")
+        # A load waits for READY: as long as the model's load_wait_s, and longer than a status probe.
+        sub.add_argument("--timeout", type=float, default=600.0, help="seconds for the request")
+        sub.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+        sub.set_defaults(func=_models)
+
+
+def _models(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout}: must be > 0 seconds")
+    key = args.key or os.environ.get(KEY_ENV)
+    if not key:
+        raise UsageError(f"an admin key is needed: --key KEY or ${KEY_ENV}")
+    url = normalize_url(args.url or default_url(args))
+    headers = {"Authorization": f"Bearer {key}"}
+    if args.action == "list":
+        method, path = "GET", "/admin/models"
+    else:
+        method, path = "POST", f"/admin/models/{quote(args.name, safe='')}/{args.action}"
+    with httpx.Client(timeout=args.timeout, trust_env=False) as client:
+        try:
+            response = client.request(method, f"{url}{path}", headers=headers)
+            body: Any = response.json()
+        except httpx.HTTPError as exc:
+            print(f"unreachable: {url}: {type(exc).__name__}: {exc}")
+            return 2
+        except ValueError:
+            print(
+                f"unreachable: {url}{path} did not answer JSON (HTTP {response.status_code});"
+                " is this llamagate?"
+            )
+            return 2
+    if response.status_code in (401, 403):
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        print(f"refused: {error.get('message') or response.status_code} (--key must be an admin key)")
+        return 2
+    if response.status_code != 200:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        print(f"refused (HTTP {response.status_code}): {error.get('message') or body}")
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    rows = body.get("models", []) if args.action == "list" else [body]
+    for row in rows:
+        print(_line(row))
+    return 0
+
+
+def _line(row: dict[str, Any]) -> str:
+    share = row.get("budget_share")
+    line = (
+        f"{row.get('name'):<16} {row.get('state'):<10} {row.get('residency'):<10}"
+        f" memory {_mib(row.get('budget_bytes'))}"
+        + (f" ({share:.0%} of usable)" if isinstance(share, int | float) else "")
+        + f", loads {row.get('loads', '-')}, idle {row.get('idle_s', '-')} s"
+    )
+    progress = row.get("progress")
+    if isinstance(progress, int | float) and row.get("state") not in ("READY", "UNLOADED"):
+        eta = row.get("load_eta_s")
+        line += f", loading {progress:.0%} ({row.get('load_step') or '-'}"
+        line += f", about {eta:.0f} s left)" if isinstance(eta, int | float) else ")"
+    if row.get("reason"):
+        line += f": {row['reason']}"
+    return line
+
+
+def _mib(value: object) -> str:
+    return f"{value / 2**20:,.0f} MiB" if isinstance(value, int) else "-"
