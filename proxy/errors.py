@@ -12,8 +12,15 @@
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
     └── UpstreamFailure             502 upstream_error           child died / hung up / malformed answer
+        ├── UpstreamGone            502 upstream_error           the child closed the connection before
+        │                                                        the answer was complete (died, killed,
+        │                                                        restarted)
         ├── UpstreamUnreachable     503 unavailable_error        + Retry-After; nothing reached the child
         └── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
+
+A generation whose child went away (``UpstreamGone``, ``UpstreamUnreachable``) before any byte of its
+answer reached the client is run once more on the next child instead (``proxy.routes.replay``); these
+are what it ends with when it is not.
 
 Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
 their status and body untouched. ``outcome`` is the access log's word for how the request ended.
@@ -156,6 +163,10 @@ class UpstreamFailure(ProxyError):
     type = "upstream_error"
     code = "upstream_error"
     outcome = "upstream_error"
+
+
+class UpstreamGone(UpstreamFailure):
+    """The child closed the connection (it died, was killed or restarted) before the answer was complete."""
 
 
 class UpstreamUnreachable(UpstreamFailure):

@@ -188,22 +188,29 @@ class Admission:
         self._dispatch()
 
     # --- the request path --------------------------------------------------------------------------------
-    async def acquire(self, tenant: str, slots: int = 1) -> Permit:
+    async def acquire(self, tenant: str, slots: int = 1, *, front: bool = False) -> Permit:
         """A permit for ``slots`` slots of ``tenant``, at once or after a fair wait; ``Rejected`` (429) when
         its queue is full or the wait reaches ``queue_timeout_s``. The caller refuses (400) a request wider
         than the tenant's limit or the child's slots first (``proxy.admission.cost``): such a request could
-        only wait for its deadline here."""
+        only wait for its deadline here.
+
+        ``front``: a request admitted once already, whose child died before its answer began (a replay,
+        ``proxy.routes.replay``), takes its place back at the head of its tenant's queue: ahead of the
+        tenant's own waiters (never of another tenant's turn), and never refused for a full queue (the
+        place it held counted against ``max_queue`` when it first came)."""
         t = self._tenants.get(tenant)
         if t is None or t.retired:
             raise Forbidden(f"tenant '{tenant}' is not configured")
         if (
-            not t.waiters
+            (front or not t.waiters)
             and t.in_flight + slots <= t.settings.max_concurrency
             and self._in_flight + slots <= self._capacity
             and not self._eligible_waiter()
         ):
+            # With ``front`` the tenant may have waiters, but no waiter of any tenant is eligible: the
+            # grant takes nobody's turn, and taking capacity cannot make a waiter eligible.
             return self._grant(t, 0.0, slots)
-        if len(t.waiters) >= t.settings.max_queue:
+        if not front and len(t.waiters) >= t.settings.max_queue:
             raise Rejected(
                 "queue_full",
                 self._estimate_wait(t, len(t.waiters) - t.settings.max_queue),
@@ -217,8 +224,14 @@ class Admission:
             t.backlog_seq = self._backlog_seq
             # Start at the current virtual time: no credit for idling, no penalty for past fast grants.
             t.pass_ = max(self._vtime, min(t.pass_, self._vtime + t.stride))
-        t.waiters.append(waiter)
+        if front:
+            t.waiters.appendleft(waiter)
+        else:
+            t.waiters.append(waiter)
         self._queued += 1
+        if front:
+            # The tenant's head changed: it may be grantable now (the waiter it passed was wider).
+            self._dispatch()
         try:
             async with asyncio.timeout(t.settings.queue_timeout_s):
                 return await waiter.future

@@ -63,6 +63,8 @@ class ModelHost:
         self.last_load_s: float | None = None
         self.unloaded_reason = "not loaded: on_demand, loads on its first request"
         self._changed = asyncio.Event()
+        # Set (and replaced) at every transition, for any number of waiters (``changed``).
+        self._next_change = asyncio.Event()
         self.sup.observers.append(self._on_change)
 
     @property
@@ -79,6 +81,8 @@ class ModelHost:
 
     def _on_change(self, old: State, new: State, reason: str | None) -> None:
         self._changed.set()
+        self._next_change.set()
+        self._next_change = asyncio.Event()
 
     def start(self) -> None:
         if self.running:
@@ -147,6 +151,12 @@ class ModelHost:
             reranking=spec.reranking,
             info=info,
         )
+
+    async def changed(self, timeout_s: float) -> None:
+        """``proxy.source.AnnouncesChanges``: at the supervisor's next transition (a new child is a
+        transition to STARTING, then READY), or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._next_change.wait(), timeout_s)
 
     def identity(self) -> Mapping[str, object]:
         return {
