@@ -172,7 +172,9 @@ class UpstreamGone(UpstreamFailure):
 class UpstreamUnreachable(UpstreamFailure):
     """The child refused the connection (it just died, or is being replaced): nothing reached it, so no work
     began. A 503, like NotReady, so that a load balancer in front may send the request to another replica:
-    llamagate answers 429 or 503 only before anything reached llama-server (docs/deploy.md, scale-out)."""
+    llamagate answers 429 or 503 only while no live llama-server works on the request and no byte of an
+    answer went out (docs/deploy.md, scale-out): a request this refusal hits first waits for the next
+    child (``proxy.routes.replay``), and ends with it only when none comes in time."""
 
     status = 503
     type = "unavailable_error"

@@ -20,6 +20,10 @@ tenants pass it: otherwise a stream of one-slot requests would starve a two-slot
 path (grant at once when the tenant has no queue) therefore also requires that no eligible waiter exists:
 it can never overtake one.
 
+A replay (a request whose child died before its answer began, ``proxy.routes.replay``) comes back with
+``acquire(front=True)``: at the head of its own tenant's queue, not refused for a full queue, and then
+served in the tenants' turns like any other waiter; it holds no permit while it waits for the next child.
+
 Permits are released exactly once, on every path: ``Permit.release`` is idempotent, and a waiter that is
 cancelled or times out in the same loop turn its permit was granted gives that permit back. Permits point
 at their tenant's state object, so a reload that changes or removes the tenant cannot leak or double-count.
@@ -36,6 +40,7 @@ Pure asyncio, no sockets, no I/O: unit-tested directly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -83,6 +88,7 @@ class _Waiter:
     future: asyncio.Future[Permit]
     enqueued_at: float
     slots: int = 1
+    front: bool = False  # a replay: ahead of the tenant's other waiters (behind earlier replays)
 
 
 class _Tenant:
@@ -217,7 +223,7 @@ class Admission:
                 f"tenant '{tenant}' is at its limit of {t.settings.max_concurrency} concurrent requests "
                 f"and {t.settings.max_queue} queued; retry later",
             )
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), self._clock(), slots)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), self._clock(), slots, front)
         if not t.waiters:
             self._backlogged.add(t)
             self._backlog_seq += 1
@@ -225,7 +231,7 @@ class Admission:
             # Start at the current virtual time: no credit for idling, no penalty for past fast grants.
             t.pass_ = max(self._vtime, min(t.pass_, self._vtime + t.stride))
         if front:
-            t.waiters.appendleft(waiter)
+            t.waiters.insert(sum(1 for _ in itertools.takewhile(lambda w: w.front, t.waiters)), waiter)
         else:
             t.waiters.append(waiter)
         self._queued += 1

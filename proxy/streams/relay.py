@@ -2,6 +2,10 @@
 whole (held up to ``limit`` bytes, then sent with its length), or assembled into one answer from the
 child's stream (``proxy.streams.assemble`` says why a non-streamed request is streamed from the child).
 
+Nothing reaches the client before the child's first bytes of answer: a stream's ``200`` waits for them,
+a whole or assembled answer goes out at its end, so a child that dies before then leaves the request
+free to run on the next one (``proxy.routes.replay``).
+
 Whichever way, ``Exchange`` records what the child is doing for the request, so that the admission gate
 knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``).
 """

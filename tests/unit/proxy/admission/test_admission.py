@@ -546,3 +546,25 @@ async def test_a_cancelled_front_waiter_leaves_nothing() -> None:
     assert loads(adm) == {"a": (1, 0)}
     held.release()
     assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_replays_of_one_tenant_keep_their_order_at_the_head() -> None:
+    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    held = await adm.acquire("a")
+    new = asyncio.ensure_future(adm.acquire("a"))
+    await settle()
+    first = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    second = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    order = []
+    permit = held
+    for _ in range(3):
+        permit.release()
+        await settle()
+        done = next(f for f in (first, second, new) if f.done() and f not in order)
+        order.append(done)
+        permit = done.result()
+    permit.release()
+    assert order == [first, second, new]
+    assert adm.in_flight == 0 and adm.queued == 0
