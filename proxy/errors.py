@@ -14,8 +14,15 @@
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
     └── UpstreamFailure             502 upstream_error           child died / hung up / malformed answer
+        ├── UpstreamGone            502 upstream_error           the child closed the connection before
+        │                                                        the answer was complete (died, killed,
+        │                                                        restarted)
         ├── UpstreamUnreachable     503 unavailable_error        + Retry-After; nothing reached the child
         └── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
+
+A generation whose child went away (``UpstreamGone``, ``UpstreamUnreachable``) before any byte of its
+answer reached the client is run once more on the next child instead (``proxy.routes.replay``); these
+are what it ends with when it is not.
 
 Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
 their status and body untouched. ``outcome`` is the access log's word for how the request ended.
@@ -174,10 +181,16 @@ class UpstreamFailure(ProxyError):
     outcome = "upstream_error"
 
 
+class UpstreamGone(UpstreamFailure):
+    """The child closed the connection (it died, was killed or restarted) before the answer was complete."""
+
+
 class UpstreamUnreachable(UpstreamFailure):
     """The child refused the connection (it just died, or is being replaced): nothing reached it, so no work
     began. A 503, like NotReady, so that a load balancer in front may send the request to another replica:
-    llamagate answers 429 or 503 only before anything reached llama-server (docs/deploy.md, scale-out)."""
+    llamagate answers 429 or 503 only while no live llama-server works on the request and no byte of an
+    answer went out (docs/deploy.md, scale-out): a request this refusal hits first waits for the next
+    child (``proxy.routes.replay``), and ends with it only when none comes in time."""
 
     status = 503
     type = "unavailable_error"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -54,4 +54,15 @@ class UpstreamSource(Protocol):
 
     def identity(self) -> Mapping[str, object]:
         """The identity record of what is served (admin-only data)."""
+        ...
+
+
+@runtime_checkable
+class AnnouncesChanges(Protocol):
+    """A source that can say when its snapshot may have changed (the daemon's do: a state transition of
+    the child's supervisor), so that a request waiting for the next READY child (``proxy.routes.replay``)
+    wakes at once instead of polling. A source without it is read again at short bounded intervals."""
+
+    async def changed(self, timeout_s: float) -> None:
+        """Return at the next change of the snapshot, or after ``timeout_s``, whichever comes first."""
         ...

@@ -52,6 +52,9 @@ class ProxyState:
         self.upstream = Upstream(settings.timeouts)
         self._active = 0
         self._idle = IdleWaiters()
+        # Set by ``drain``: the daemon is stopping, so no new child is coming for a request that waits
+        # for one (``proxy.routes.replay``).
+        self.draining = False
         # The listener's state (connection cap, accept failures) for /readyz; set by whoever serves the app.
         self.door: DoorProblems | None = None
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
@@ -95,6 +98,7 @@ class ProxyState:
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is being handled; True if that happened within ``timeout_s``.
         Admission of new work is stopped by the snapshot (``ready=False``), not here."""
+        self.draining = True
         if self._active == 0:
             return True
         return await self._idle.wait(timeout_s)

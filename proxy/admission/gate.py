@@ -38,6 +38,10 @@ pass it: otherwise a stream of one-slot requests would starve a two-slot one for
 it can never overtake one; a request that queues is offered to ``_dispatch`` at once (a higher priority
 may take a slot a wide lower-priority request is waiting to fill).
 
+A replay (a request whose child died before its answer began, ``proxy.routes.replay``) comes back with
+``acquire(front=True)``: at the head of its own tenant's queue, not refused for a full queue, and then
+served in the tenants' turns like any other waiter; it holds no permit while it waits for the next child.
+
 Permits are released exactly once, on every path: ``Permit.release`` is idempotent, and a waiter that is
 cancelled or times out in the same loop turn its permit was granted gives that permit back. Permits point
 at their tenant's state object, so a reload that changes or removes the tenant cannot leak or double-count.
@@ -122,6 +126,7 @@ class _Waiter:
     # Virtual arrival (see the module docstring) and arrival order: the queue order, across tenants too.
     key: float = 0.0
     seq: int = 0
+    front: bool = False  # a replay: ahead of the tenant's other waiters (behind earlier replays)
 
     @property
     def order(self) -> tuple[float, int]:
@@ -263,6 +268,7 @@ class Admission:
         *,
         priority: int | None = None,
         max_wait_s: float | None = None,
+        front: bool = False,
     ) -> Permit:
         """A permit for ``slots`` slots of ``tenant``, at once or after a fair wait; ``Rejected`` (429) when
         its queue is full or the wait reaches ``queue_timeout_s``. The caller refuses (400) a request wider
@@ -271,7 +277,12 @@ class Admission:
 
         ``priority``: the request's own, clamped to its tenant's (a request may lower its priority, never
         raise it); None: the tenant's. ``max_wait_s``: the request's own longest wait, capped by the
-        tenant's ``queue_timeout_s``; 0 means "now or never"."""
+        tenant's ``queue_timeout_s``; 0 means "now or never".
+
+        ``front``: a request admitted once already, whose child died before its answer began (a replay,
+        ``proxy.routes.replay``), takes its place back at the head of its tenant's queue: ahead of the
+        tenant's own waiters (never of another tenant's turn), and never refused for a full queue (the
+        place it held counted against ``max_queue`` when it first came)."""
         t = self._tenants.get(tenant)
         if t is None or t.retired:
             raise Forbidden(f"tenant '{tenant}' is not configured")
@@ -279,13 +290,15 @@ class Admission:
             raise ValueError(f"max_wait_s must be a finite number >= 0, not {max_wait_s!r}")
         level = t.settings.priority if priority is None else min(priority, t.settings.priority)
         if (
-            not t.waiters
+            (front or not t.waiters)
             and t.in_flight + slots <= t.settings.max_concurrency
             and self._in_flight + slots <= self._capacity
             and not self._eligible_waiter()
         ):
+            # With ``front`` the tenant may have waiters, but no waiter of any tenant is eligible: the
+            # grant takes nobody's turn, and taking capacity cannot make a waiter eligible.
             return self._grant(t, 0.0, slots, level)
-        if len(t.waiters) >= t.settings.max_queue:
+        if not front and len(t.waiters) >= t.settings.max_queue:
             raise Rejected(
                 "queue_full",
                 self._estimate_wait(t, len(t.waiters) - t.settings.max_queue),
@@ -294,13 +307,15 @@ class Admission:
             )
         now = self._clock()
         self._seq += 1
+        key, seq = now - level * self._aging_s, self._seq
+        if front:
+            # Ahead of the tenant's first waiter that is no replay (a tie on its key goes to the lower
+            # seq), behind earlier replays (insort puts an equal order after them).
+            first = next((w for w in t.waiters if not w.front), None)
+            if first is not None and first.order <= (key, seq):
+                key, seq = first.key, first.seq - 1
         waiter = _Waiter(
-            asyncio.get_running_loop().create_future(),
-            now,
-            slots,
-            level,
-            key=now - level * self._aging_s,
-            seq=self._seq,
+            asyncio.get_running_loop().create_future(), now, slots, level, key=key, seq=seq, front=front
         )
         if not t.waiters:
             self._backlogged.add(t)

@@ -15,6 +15,7 @@ class RequestContext:
     """What one request became, filled in as it goes; read once at the end."""
 
     __slots__ = (
+        "attempt",
         "authorization",
         "client_host",
         "content_length",
@@ -59,3 +60,22 @@ class RequestContext:
         # with it directly (one call less per SSE event; the start, which needs the id header, went
         # through the wrapper).
         self.raw_send: Send | None = None
+        # 1, or 2 once the request was run again on the next child because its child died before any
+        # byte of the answer reached the client (``proxy.routes.replay``). What the request record says
+        # of its answer (tokens, time per token, outcome; the usage the ledger charges) is the final
+        # attempt's: ``next_attempt`` forgets the dead child's.
+        self.attempt = 1
+
+    @property
+    def replayed(self) -> bool:
+        return self.attempt > 1
+
+    def next_attempt(self) -> None:
+        """The request runs again on another child: forget what the failed attempt recorded of its answer
+        (a field that describes the answer, such as the usage to charge, is reset here too). The time to
+        first token and the duration still count from arrival: the client waited all along."""
+        self.attempt += 1
+        self.outcome = "ok"
+        self.tokens = 0
+        self.ttft_s = None
+        self.tpot_s = None

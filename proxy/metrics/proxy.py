@@ -132,6 +132,13 @@ class ProxyMetrics:
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
+        self.replays = Counter(
+            "llamagate_replays",
+            "Requests run again on the next child because theirs died before any byte of the answer reached"
+            " the client, by model and reason (closed: the child hung up; refused: it was gone)",
+            ["model", "reason"],
+            registry=registry,
+        )
         self._children: dict[tuple[str, ...], Counter | Histogram] = {}
         # Extra collectors whose data is fetched (awaited) before each render; see the module docstring.
         self.refreshers: list[Refreshable] = []
@@ -168,6 +175,9 @@ class ProxyMetrics:
             self._child(self.tpot, tenant, model).observe(tpot_s)
         if tokens:
             self._child(self.output_tokens, tenant, model).inc(tokens)
+
+    def observe_replay(self, model: str, reason: str) -> None:
+        self._child(self.replays, model, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -117,6 +117,9 @@ def write_access_log(ctx: RequestContext, duration_s: float, method: str) -> Non
                 "tpot_ms": _ms(ctx.tpot_s),
                 "tokens": ctx.tokens,
                 "duration_ms": _ms(duration_s),
+                # 1: run again on the next child (its child died before the answer began); the other
+                # fields are the final attempt's.
+                "replayed": int(ctx.replayed),
                 "client": ctx.client_host,
             }
         },

@@ -9,8 +9,9 @@ every lane at the door (``proxy.admission.totals``).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -18,7 +19,11 @@ from proxy.admission.gate import Admission
 from proxy.admission.idle import IdleWaiters
 from proxy.errors import NotReady
 from proxy.settings import TenantSettings
-from proxy.source import UpstreamSnapshot, UpstreamSource
+from proxy.source import AnnouncesChanges, UpstreamSnapshot, UpstreamSource
+
+# Longest wait between two reads of the snapshot while waiting for a change: how late a change the source
+# does not announce (the daemon draining, a source that announces nothing) is seen.
+_REREAD_S = 0.25
 
 
 @runtime_checkable
@@ -105,6 +110,22 @@ class Lane:
         if snap.slots != self.admission.capacity:
             self.admission.set_capacity(snap.slots)
         return snap
+
+    async def watch(self, until: Callable[[UpstreamSnapshot], bool], deadline: float) -> UpstreamSnapshot:
+        """The child's snapshot as soon as ``until(snapshot)`` holds, else the last one read at ``deadline``
+        (the loop's clock). Waits on the source's announced changes when it makes them, never in a busy
+        loop: between two reads it sleeps until the next change or at most ``_REREAD_S``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            snap = self.snapshot()
+            left = deadline - loop.time()
+            if until(snap) or left <= 0:
+                return snap
+            source = self.entry.source  # read each time: a SIGHUP may give the lane a new entry
+            if isinstance(source, AnnouncesChanges):
+                await source.changed(min(left, _REREAD_S))
+            else:
+                await asyncio.sleep(min(left, _REREAD_S))
 
     def ready_snapshot(self) -> UpstreamSnapshot:
         snap = self.snapshot()

@@ -14,6 +14,11 @@ other requests and goes on; a client that left during it is noticed at admission
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
 
+A generation whose child dies (exit, liveness kill, restart) before any byte of its answer reached the
+client is admitted again, at the head of its tenant's queue, and runs once more on the next READY child
+within the same deadlines (``_attempts``, the loop around admit-and-forward; ``proxy.routes.replay``
+says when and how long it waits).
+
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
 Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
@@ -29,6 +34,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from proxy.admission import cost as limits
+from proxy.admission.gate import Permit
 from proxy.admission.settle import SlotsSettled
 from proxy.asgi import body as bodies
 from proxy.asgi.context import SCOPE_KEY, RequestContext
@@ -36,8 +42,9 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
+from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
-from proxy.settings import TenantSettings
+from proxy.settings import TenantSettings, Timeouts
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 from proxy.streams.assemble import AnswerTooLarge, assembled_as
@@ -56,6 +63,18 @@ class _Plan:
         self.stream = stream  # the client asked for a stream
         self.assemble = assemble  # non-streamed for the client, streamed from the child
         self.hide = hide  # strip prompt-cache detail from the answer
+
+
+class _Deadlines:
+    """A request's deadlines on the loop's clock, set at its first admission; a replay keeps them:
+    ``first_token_s`` from admission to a stream's first token, ``total_s`` from arrival to the end."""
+
+    __slots__ = ("first_at", "total_at")
+
+    def __init__(self, timeouts: Timeouts, started: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self.total_at = now + timeouts.total_s - (time.monotonic() - started)
+        self.first_at = now + timeouts.first_token_s
 
 
 class Inference:
@@ -147,35 +166,85 @@ class Inference:
                 # Re-read: the child may have restarted while the body was on its way.
                 await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
             with state.totals.hold(tenant, cost.slots):
-                permit = await lane.admission.acquire(tenant.name, cost.slots)
-                exchange = Exchange()
-                try:
-                    ctx.queue_wait_s = permit.queue_wait_s
-                    # The child may have restarted while we queued: never mix its old address and new
-                    # secret.
-                    snap = lane.ready_snapshot()
-                    relay = Relay(ctx, send, watch, self.fmt, exchange)
-                    await self._forward(snap, raw, plan, relay, ctx)
-                finally:
-                    linger_s = exchange.linger_s()
-                    if linger_s > 0:
-                        settled = SlotsSettled(
-                            lane.snapshot, lane.admission, state.upstream, snap, permit.slots, ctx.request_id
-                        )
-                        permit.release(linger_s, settled.wait)
-                    else:
-                        permit.release()
+                await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch)
+
+    # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
+    async def _attempts(
+        self,
+        lane: Lane,
+        ctx: RequestContext,
+        tenant: str,
+        slots: int,
+        raw: bytes,
+        plan: _Plan,
+        send: Send,
+        watch: ClientWatch,
+    ) -> None:
+        """Admit the request and forward it; when its child dies before any byte of the answer reached
+        the client, wait for the next READY child and do it once more, at the head of the tenant's
+        queue and within the deadlines of the first admission."""
+        deadlines: _Deadlines | None = None
+        while True:
+            permit = await lane.admission.acquire(tenant, slots, front=ctx.replayed)
+            ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + permit.queue_wait_s
+            deadlines = deadlines or _Deadlines(self.state.settings.timeouts, ctx.started)
+            exchange = Exchange()
+            snap: UpstreamSnapshot | None = None
+            replay: tuple[UpstreamFailure, str] | None = None
+            try:
+                # The child may have restarted while we queued: never mix its old address and new secret.
+                snap = lane.ready_snapshot()
+                relay = Relay(ctx, send, watch, self.fmt, exchange)
+                await self._forward(snap, raw, plan, relay, ctx, deadlines)
+                return
+            except UpstreamFailure as exc:
+                reason = replay_reason(exc, ctx) if self.spec.replayable else None
+                if reason is None:
+                    raise
+                replay = (exc, reason)
+            finally:
+                self._release(lane, permit, exchange, snap, ctx, child_gone=replay is not None)
+            assert snap is not None  # a failure of the child needs a child
+            waited = time.monotonic()
+            until = min(deadlines.first_at, deadlines.total_at) if plan.stream else deadlines.total_at
+            await Replay(self.state, lane, ctx).next_child(snap, *replay, until)
+            ctx.queue_wait_s += time.monotonic() - waited
+
+    def _release(
+        self,
+        lane: Lane,
+        permit: Permit,
+        exchange: Exchange,
+        snap: UpstreamSnapshot | None,
+        ctx: RequestContext,
+        child_gone: bool,
+    ) -> None:
+        """Give the attempt's permit back: at once when the child is gone or left nothing running (a dead
+        child has no slot to free), else after the child noticed (``Exchange.linger_s``)."""
+        linger_s = 0.0 if child_gone else exchange.linger_s()
+        if linger_s > 0 and snap is not None:
+            state = self.state
+            settled = SlotsSettled(
+                lane.snapshot, lane.admission, state.upstream, snap, permit.slots, ctx.request_id
+            )
+            permit.release(linger_s, settled.wait)
+        else:
+            permit.release()
 
     async def _forward(
-        self, snap: UpstreamSnapshot, raw: bytes, plan: _Plan, relay: Relay, ctx: RequestContext
+        self,
+        snap: UpstreamSnapshot,
+        raw: bytes,
+        plan: _Plan,
+        relay: Relay,
+        ctx: RequestContext,
+        deadlines: _Deadlines,
     ) -> None:
         stream = plan.stream
         exchange = relay.exchange
         limit_bytes = self.state.settings.max_response_bytes
         timeouts = self.state.settings.timeouts
-        loop = asyncio.get_running_loop()
-        total_at = loop.time() + timeouts.total_s - (time.monotonic() - ctx.started)
-        first_at = loop.time() + timeouts.first_token_s
+        first_at, total_at = deadlines.first_at, deadlines.total_at
         try:
             async with asyncio.timeout_at(min(first_at, total_at) if stream else total_at) as deadline:
                 exchange.sent = True

@@ -84,6 +84,10 @@ class RouteSpec:
     needs: Feature | None = None
     # Anthropic clients: credentials also from x-api-key, errors in Anthropic's shape.
     anthropic: bool = False
+    # Generation rows: the request has no side effect beyond generating, so when its child dies before
+    # any byte of the answer reached the client it may run once more on the next child
+    # (``proxy.routes.replay``). A generation route with another effect must say False.
+    replayable: bool = True
 
     @property
     def parameterized(self) -> bool:

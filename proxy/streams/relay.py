@@ -2,6 +2,10 @@
 whole (held up to ``limit`` bytes, then sent with its length), or assembled into one answer from the
 child's stream (``proxy.streams.assemble`` says why a non-streamed request is streamed from the child).
 
+Nothing reaches the client before the child's first bytes of answer: a stream's ``200`` waits for them,
+a whole or assembled answer goes out at its end, so a child that dies before then leaves the request
+free to run on the next one (``proxy.routes.replay``).
+
 Whichever way, ``Exchange`` records what the child is doing for the request, so that the admission gate
 knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``).
 """
@@ -16,7 +20,7 @@ from starlette.types import Send
 from proxy.asgi import body as bodies
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientWatch
-from proxy.errors import UpstreamFailure
+from proxy.errors import UpstreamFailure, UpstreamGone
 from proxy.streams import privacy
 from proxy.streams.assemble import AnswerTooLarge, Assembler, Kind
 from proxy.streams.formats import StreamFormat
@@ -71,12 +75,17 @@ class Relay:
     async def stream(
         self, response: UpstreamResponse, deadline: asyncio.Timeout, total_at: float, hide: bool
     ) -> None:
-        """Relay the child's stream chunk by chunk; at its first token only the total deadline is left."""
+        """Relay the child's stream chunk by chunk; at its first token only the total deadline is left.
+
+        The client's ``200`` waits for the first bytes there are to relay: llama-server sends its headers
+        as soon as a slot starts the prompt, long before the first token, and until a byte of the answer
+        is out the request may still run again on another child (``proxy.routes.replay``) or end with a
+        plain error answer. A child that hangs up before that raises ``UpstreamGone`` (nothing was sent);
+        after it, the stream ends with an error event."""
         ctx, watch, exchange = self.ctx, self.watch, self.exchange
         meter = self.fmt.meter()
         rewriter = privacy.SseRewriter() if hide else None
-        await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        send = ctx.raw_send or self.send  # headers are out: body chunks go straight to the server
+        send: Send | None = None  # once the response has started
         clock = time.monotonic
         try:
             while (chunk := await response.next_chunk()) is not None:
@@ -89,22 +98,34 @@ class Relay:
                     if rewriter is not None:
                         out += rewriter.flush()
                     exchange.finished = watch.complete = True
+                    send = send or await self._begin()
                     await send({"type": "http.response.body", "body": out, "more_body": False})
                     return
                 if out:
+                    send = send or await self._begin()
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             exchange.finished = True
+            send = send or await self._begin()
             if rewriter is not None and (rest := rewriter.flush()):
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamClosed:
             exchange.finished = True  # the child ended it
-            await self.end_with(UpstreamFailure("llama-server closed the stream before it was complete"))
+            gone = UpstreamGone("llama-server closed the stream before it was complete")
+            if send is None:
+                raise gone from None  # nothing reached the client
+            await self.end_with(gone)
             return
         finally:
             ctx.tokens = meter.tokens
             ctx.tpot_s = exchange.tpot_s = meter.tpot()
         watch.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _begin(self) -> Send:
+        """Start the client's stream; the body then goes straight to the server (the start, which needs
+        the request id header, goes through the wrapper)."""
+        await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        return self.ctx.raw_send or self.send
 
     async def whole(self, response: UpstreamResponse, hide: bool, limit: int) -> None:
         """The child's whole answer (at most ``limit`` bytes), in the route's error shape when it failed."""
@@ -119,9 +140,7 @@ class Relay:
                     )
                 parts.append(chunk)
         except UpstreamClosed:
-            raise UpstreamFailure(
-                "llama-server closed the connection before the answer was complete"
-            ) from None
+            raise UpstreamGone("llama-server closed the connection before the answer was complete") from None
         content = parts[0] if len(parts) == 1 else b"".join(parts)
         if response.status == 200:
             self.ctx.tokens = self.fmt.count_tokens(content)
@@ -142,9 +161,7 @@ class Relay:
                 meter.feed(chunk, clock())
                 assembler.feed(chunk)
         except UpstreamClosed:
-            raise UpstreamFailure(
-                "llama-server closed the connection before the answer was complete"
-            ) from None
+            raise UpstreamGone("llama-server closed the connection before the answer was complete") from None
         finally:
             # Known while it generates: how soon the child notices if we abandon it (see ``Exchange``).
             self.exchange.tpot_s = meter.tpot()

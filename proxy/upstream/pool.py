@@ -33,7 +33,7 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from proxy.errors import UpstreamFailure, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import UpstreamFailure, UpstreamGone, UpstreamTimeout, UpstreamUnreachable
 from proxy.settings import Timeouts
 from proxy.source import UpstreamSnapshot
 from proxy.upstream.connection import Connection, UpstreamClosed
@@ -196,7 +196,7 @@ class Upstream:
                 conn.abort()
                 if attempt == 1 and reused and not conn.received:
                     continue  # the child closed this idle connection as we reused it
-                raise UpstreamFailure(f"no answer from llama-server: {exc}") from None
+                raise UpstreamGone(f"no answer from llama-server: {exc}") from None
             except BaseException:
                 conn.abort()
                 raise

@@ -9,6 +9,8 @@ of different shares, one inference key each and an admin key for the monitor, th
   cut after ``drop_after_s``); every call has its own deadline, so a hang is counted, never waited on;
 - a monitor reads ``/metrics`` (permits in flight + lingering slots), ``/slots`` (busy), ``/metrics``
   again, twice a second, and the daemon's RSS and open descriptors (psutil) every few seconds;
+- the daemon's replays (``llamagate_replays_total``: requests run again on the next child because
+  theirs died before any byte of the answer reached the client) are read at the end, by reason;
 - the chaos steps run at fixed fractions of the run: SIGHUP reloads (a real change: one tenant's queue
   length flips), SIGKILL of the child, SIGSTOP of the child for ``stop_s`` then SIGCONT. They all fall
   in the first half, so the last 5 minutes of a 10-minute run measure a settled daemon's memory.
@@ -192,6 +194,28 @@ def parse_gauges(text: str) -> dict[str, float]:
     return out
 
 
+def parse_replays(text: str) -> dict[str, float]:
+    """``llamagate_replays_total`` by reason, summed over models: the requests the daemon ran again on
+    the next child because theirs died before any byte of the answer reached the client."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llamagate_replays_total":
+                reason = sample.labels.get("reason", "?")
+                out[reason] = out.get(reason, 0.0) + sample.value
+    return out
+
+
+async def _replays(admin: Target) -> dict[str, float] | None:
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            r = await client.get(admin.server_root + "/metrics", headers=admin.headers())
+            r.raise_for_status()
+            return parse_replays(r.text)
+    except httpx.HTTPError:
+        return None
+
+
 async def _gauges(client: httpx.AsyncClient, admin: Target) -> dict[str, float]:
     r = await client.get(admin.server_root + "/metrics", headers=admin.headers())
     r.raise_for_status()
@@ -368,6 +392,7 @@ async def _drive(run: _Run) -> dict[str, Any]:
         load_end_t = run.now()
         await chaos
         gauges = await _settle(run)
+        replays = await _replays(run.admin)
         stop.set()
         await monitor  # its connection closed before the descriptors are counted
         fds_end = await asyncio.to_thread(_fds_settled, pid, fds_start, 30.0)
@@ -394,6 +419,7 @@ async def _drive(run: _Run) -> dict[str, Any]:
             "slots": slots,
             "duration_s": round(load_end_t, 1),
             "gauges_at_end": gauges,
+            "replays": replays,
             "fd_detail": detail,
             "slots_over_samples": [asdict(x) for x in run.ledger.slot_samples if x.over][:50],
         }

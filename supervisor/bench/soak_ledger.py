@@ -193,6 +193,20 @@ def summary_text(result: dict[str, Any]) -> str:
         "failed by reason: " + (", ".join(f"{k}: {v}" for k, v in req["failed_by_reason"].items()) or "none"),
         "chaos: " + (", ".join(f"{c['action']}@{c['at_s']:.0f}s" for c in result["chaos"]) or "none"),
     ]
+    by_kind = req.get("by_kind", {})
+    if by_kind:
+        lines.insert(
+            3,
+            "by kind: "
+            + "; ".join(
+                f"{kind}: " + ", ".join(f"{k} {v}" for k, v in sorted(endings.items()))
+                for kind, endings in by_kind.items()
+            ),
+        )
+    if "replays" in result:
+        replays = result["replays"]
+        text = "unread" if replays is None else ", ".join(f"{k} {v:g}" for k, v in sorted(replays.items()))
+        lines.append("replays (llamagate_replays_total): " + (text or "none"))
     for t in result["targets"]:
         lines.append(
             f"  [{'met' if t['met'] else 'NOT MET'}] {t['name']}: {t['value']} (target: {t['goal']})"

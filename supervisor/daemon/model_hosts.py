@@ -66,6 +66,8 @@ class ModelHost:
         self.usable_bytes: int | None = None
         self.lock: asyncio.Lock | None = None
         self._changed = asyncio.Event()
+        # Set (and replaced) at every transition, for any number of waiters (``changed``).
+        self._next_change = asyncio.Event()
         self.sup.observers.append(self._on_change)
 
     @property
@@ -82,6 +84,8 @@ class ModelHost:
 
     def _on_change(self, old: State, new: State, reason: str | None) -> None:
         self._changed.set()
+        self._next_change.set()
+        self._next_change = asyncio.Event()
 
     def start(self) -> None:
         if self.running:
@@ -158,6 +162,12 @@ class ModelHost:
         if estimate is None:
             estimate = self.last_load_s
         return max(1.0, estimate) if estimate is not None else 5.0
+
+    async def changed(self, timeout_s: float) -> None:
+        """``proxy.source.AnnouncesChanges``: at the supervisor's next transition (a new child is a
+        transition to STARTING, then READY), or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._next_change.wait(), timeout_s)
 
     def identity(self) -> Mapping[str, object]:
         return {

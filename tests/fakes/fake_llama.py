@@ -10,6 +10,11 @@ forwards bodies untouched), so a test can ask one request to misbehave:
 - ``fake_token_interval_ms``: time between streamed tokens (default: the server's setting);
 - ``fake_die_after``: abort the connection after this many token events (a child killed mid-stream).
 
+A fault of the fake itself (not of one request: a request run again on another fake carries the same
+body) is an attribute: ``die_at_token`` aborts the connection of every streamed answer after that many
+token events (0: after the headers, before any event, as a child killed during the prompt), calling
+``on_death`` first (a test's stand-in for the supervisor noticing); ``deaths`` counts them.
+
 It counts what a test wants to observe: requests in progress (and the maximum seen), requests whose
 client went away, and the headers of the last request.
 
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _WORD = "tok"
@@ -60,6 +65,9 @@ class FakeLlama:
         # arrives, unanswered (llama-server's idle close racing a reuse); "drop_all": every request.
         self.drop: str | None = None
         self.connections = 0
+        self.die_at_token: int | None = None
+        self.on_death: Callable[[], None] | None = None
+        self.deaths = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -241,10 +249,15 @@ class FakeLlama:
         die_after = payload.get("fake_die_after")
         obj = b"chat.completion.chunk" if chat else b"text_completion"
         tail = b'],"created":1,"id":"chatcmpl-fake","model":"%s","object":"%s"' % (self.alias.encode(), obj)
+        if self.die_at_token is not None:
+            die_after = self.die_at_token
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
             b"Keep-Alive: timeout=5\r\n\r\n"
         )
+        if die_after is not None and int(die_after) == 0:
+            await writer.drain()  # the headers are out, as llama-server's are when the prompt starts
+            return self._die(writer)
         if chat:
             first = b'{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}'
             writer.write(_chunk(b'data: {"choices":[' + first + tail + b"}\n\n"))
@@ -265,8 +278,8 @@ class FakeLlama:
         for i in range(n):
             event = events[min(i, 1)]
             if die_after is not None and i >= int(die_after):
-                writer.transport.abort()
-                return False
+                await writer.drain()
+                return self._die(writer)
             if interval:
                 await writer.drain()
                 if not await self._wait(interval, reader, writer):
@@ -287,6 +300,13 @@ class FakeLlama:
         writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
         return True
+
+    def _die(self, writer: asyncio.StreamWriter) -> bool:
+        self.deaths += 1
+        if self.on_death is not None:
+            self.on_death()
+        writer.transport.abort()
+        return False
 
 
 async def _main(args: argparse.Namespace) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -42,16 +43,24 @@ def snapshot_for(base_url: str | None, secret: str | None, **changes: object) ->
 
 
 class StaticSource:
-    """An ``UpstreamSource`` whose snapshot a test sets directly."""
+    """An ``UpstreamSource`` whose snapshot a test sets directly; it announces every ``update``
+    (``proxy.source.AnnouncesChanges``), as the daemon's sources announce their child's transitions."""
 
     def __init__(self, snap: UpstreamSnapshot) -> None:
         self.snap = snap
+        self._next_change = asyncio.Event()
 
     def snapshot(self) -> UpstreamSnapshot:
         return self.snap
 
     def update(self, **changes: object) -> None:
         self.snap = dataclasses.replace(self.snap, **changes)  # type: ignore[arg-type]
+        self._next_change.set()
+        self._next_change = asyncio.Event()
+
+    async def changed(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._next_change.wait(), timeout_s)
 
     def identity(self) -> Mapping[str, object]:
         return {"llama_cpp_commit": "0c1e570", "model_sha256": "a5fd3b62", "slots": self.snap.slots}

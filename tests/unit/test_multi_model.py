@@ -291,6 +291,31 @@ async def test_a_waiter_that_leaves_never_cancels_the_load_it_started() -> None:
     await asyncio.wait_for(done.wait(), 5)  # the load went on for whoever asks next
 
 
+async def test_a_host_announces_every_transition_of_its_child_to_every_waiter() -> None:
+    # What a request waiting for the next READY child (proxy.routes.replay) wakes on.
+    from types import SimpleNamespace
+
+    from proxy.source import AnnouncesChanges
+    from supervisor.child.machine import State
+
+    sup = SimpleNamespace(observers=[], state=State.READY)
+    model = SimpleNamespace(served=_Served("m"), prepared=SimpleNamespace())
+    host = ModelHost(cast(Any, model), lambda name, prepared: cast(Any, sup), lambda h: None)
+    assert isinstance(host, AnnouncesChanges)
+    waiters = [asyncio.create_task(host.changed(30.0)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    for observer in sup.observers:
+        observer(State.READY, State.BACKOFF, "exited")
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    later = asyncio.create_task(host.changed(30.0))  # a new wait is for the next transition
+    await asyncio.sleep(0)
+    assert not later.done()
+    for observer in sup.observers:
+        observer(State.BACKOFF, State.STARTING, None)
+    await asyncio.wait_for(later, 5)
+
+
 def test_a_failed_always_model_keeps_the_aggregate_failed_while_another_restarts() -> None:
     from types import SimpleNamespace
 

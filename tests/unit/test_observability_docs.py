@@ -65,9 +65,11 @@ def documented_labels() -> dict[str, set[str]]:
 def exported_labels() -> dict[str, set[str]]:
     """Series name (as documented) -> the label names its samples carry (a histogram's ``le`` aside)."""
     labels: dict[str, set[str]] = {}
-    # The request series of one request that went everywhere (the full exposition has no inference request).
+    # The request series of one request that went everywhere, replayed too (the full exposition has no
+    # inference request).
     request = ProxyMetrics(CollectorRegistry())
     request.observe_request("team", "chat", "/v1/chat/completions", 429, 0.5, "queue_full", 0.1, 0.2, 0.01, 3)
+    request.observe_replay("chat", "closed")
     text = asyncio.run(full_exposition()) + request.render().decode()
     for family in text_string_to_metric_families(text):
         name = family.name + ("_total" if family.type == "counter" else "")

@@ -20,6 +20,7 @@ from supervisor.bench.soak import (
     chaos_plan,
     one_call,
     parse_gauges,
+    parse_replays,
     pick_kind,
     soak_config,
 )
@@ -259,3 +260,21 @@ async def test_a_call_past_its_deadline_is_hung_and_a_slow_drop_is_abandoned() -
     ending, status, reason = await _call("plain", slow, quick)
     assert (ending, status) == ("hung", None) and "0.3 s" in str(reason)
     assert await _call("drop_plain", slow, quick) == ("abandoned", None, None)
+
+
+def test_replays_are_read_by_reason_and_shown_in_the_summary() -> None:
+    text = (
+        "# TYPE llamagate_replays_total counter\n"
+        'llamagate_replays_total{model="a",reason="closed"} 3\n'
+        'llamagate_replays_total{model="b",reason="closed"} 1\n'
+        'llamagate_replays_created{model="a",reason="closed"} 1.7e9\n'
+        'llamagate_replays_total{model="a",reason="refused"} 1\n'
+    )
+    assert parse_replays(text) == {"closed": 4.0, "refused": 1.0}
+    assert parse_replays("") == {}
+    ledger = _steady(_ledger_with([("plain", "completed", 200, None), ("stream", "failed", 502, "HTTP 502")]))
+    result = report(ledger, list(_targets(ledger).values()))
+    result["replays"] = {"closed": 4.0}
+    text = summary_text(result)
+    assert "replays (llamagate_replays_total): closed 4" in text
+    assert "plain: completed 1" in text and "stream: failed 1" in text

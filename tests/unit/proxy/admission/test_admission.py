@@ -464,3 +464,107 @@ async def test_lingering_slot_is_held_after_an_abandoned_request() -> None:
     assert not waiting.done()  # but the slot is not handed out yet
     (await waiting).release()  # granted once the linger ends
     assert adm.lingering == 0 and adm.in_flight == 0
+
+
+# --- a replay takes its place back at the head of its tenant's queue (proxy.routes.replay) -------------
+async def test_front_goes_ahead_of_its_tenants_queue() -> None:
+    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    held = await adm.acquire("a")
+    behind = asyncio.ensure_future(adm.acquire("a"))
+    await settle()
+    replay = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    assert loads(adm) == {"a": (1, 2)}
+    held.release()
+    await settle()
+    assert replay.done() and not behind.done()  # the replay came back first
+    replay.result().release()
+    await settle()
+    behind.result().release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_front_is_granted_at_once_past_its_own_queue_when_a_slot_is_free() -> None:
+    # The tenant's head needs two slots and one is free: the replay (one slot) takes it at once.
+    adm = Admission([tenant("a", max_concurrency=3), tenant("b")], capacity=3)
+    others = [await adm.acquire("b"), await adm.acquire("b")]
+    wide = asyncio.ensure_future(adm.acquire("a", 2))
+    await settle()
+    assert not wide.done()
+    replay = await asyncio.wait_for(adm.acquire("a", front=True), 1.0)
+    assert loads(adm) == {"a": (1, 1), "b": (2, 0)} and not wide.done()
+    for p in (*others, replay):
+        p.release()
+    await settle()
+    wide.result().release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_front_is_not_refused_by_a_full_queue() -> None:
+    adm = Admission([tenant("a", max_concurrency=1, max_queue=1)], capacity=4)
+    held = await adm.acquire("a")
+    queued = asyncio.ensure_future(adm.acquire("a"))
+    await settle()
+    with pytest.raises(Rejected):
+        await adm.acquire("a")  # a new request: the queue is full
+    replay = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    assert loads(adm) == {"a": (1, 2)}
+    held.release()
+    await settle()
+    replay.result().release()
+    await settle()
+    queued.result().release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_front_takes_no_other_tenants_turn() -> None:
+    # b has waited its turn; a's replay goes ahead of a's own queue only, not of b.
+    adm = Admission([tenant("a"), tenant("b")], capacity=1)
+    held = await adm.acquire("a")
+    b_waiting = asyncio.ensure_future(adm.acquire("b"))
+    await settle()
+    replay = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    assert not replay.done()
+    held.release()  # a just had a grant: b's pass is lower
+    await settle()
+    assert b_waiting.done() and not replay.done()
+    b_waiting.result().release()
+    await settle()
+    replay.result().release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_a_cancelled_front_waiter_leaves_nothing() -> None:
+    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    held = await adm.acquire("a")
+    replay = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    replay.cancel()
+    await settle()
+    assert loads(adm) == {"a": (1, 0)}
+    held.release()
+    assert adm.in_flight == 0 and adm.queued == 0
+
+
+async def test_replays_of_one_tenant_keep_their_order_at_the_head() -> None:
+    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    held = await adm.acquire("a")
+    new = asyncio.ensure_future(adm.acquire("a"))
+    await settle()
+    first = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    second = asyncio.ensure_future(adm.acquire("a", front=True))
+    await settle()
+    order = []
+    permit = held
+    for _ in range(3):
+        permit.release()
+        await settle()
+        done = next(f for f in (first, second, new) if f.done() and f not in order)
+        order.append(done)
+        permit = done.result()
+    permit.release()
+    assert order == [first, second, new]
+    assert adm.in_flight == 0 and adm.queued == 0
