@@ -20,6 +20,7 @@ from supervisor.artifacts.build import ensure_binary, find_installed, install_di
 from supervisor.artifacts.lock import load_lock
 from supervisor.artifacts.quantize import derive, derived_name, file_type
 from supervisor.artifacts.tools import QUANTIZE
+from supervisor.bench.quant_files import parse_types, prepare
 from supervisor.errors import BuildError, DigestMismatch, UsageError
 from supervisor.progress import NullProgress
 from tests.fakes.toolchain import VERSION_LINE, FakeProject, fake_project, tiny_gguf
@@ -272,3 +273,18 @@ def test_a_killed_command_leaves_no_llama_quantize_and_no_file(
     gate.write_text("open")
     got = derive(source, "Q8_0", lock_path=proj.lock, progress=NullProgress(), cache=proj.cache)
     assert got.path.is_file() and list(models.glob(".tiny-q8_0.gguf.partial-*")) == []
+
+
+def test_the_models_experiment_gets_the_source_for_its_own_type_and_derives_the_rest(
+    proj: FakeProject, source: Path
+) -> None:
+    types = parse_types("q4_k_m, Q8_0,F16")
+    files = prepare(types, source, lock_path=proj.lock, progress=NullProgress())
+    assert [p for p, _ in files] == [
+        source,
+        proj.cache / "models" / "tiny-q8_0.gguf",
+        proj.cache / "models" / "tiny-f16.gguf",
+    ]
+    assert all(sha == hashlib.sha256(p.read_bytes()).hexdigest() for p, sha in files)
+    with pytest.raises(UsageError, match="named twice"):
+        parse_types("Q8_0,q8_0")
