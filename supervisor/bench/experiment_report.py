@@ -69,6 +69,14 @@ def _cache(result: ExperimentResult) -> list[str]:
     return lines
 
 
+def _load(p: PointResult) -> str:
+    """The host's 1-minute load average at the point's start and end (``2.1-3.4``)."""
+    window = p.extra.get("load_average")
+    ends = [window.get(k) for k in ("start", "end")] if isinstance(window, dict) else []
+    values = [f"{e['1m']:g}" for e in ends if isinstance(e, dict) and isinstance(e.get("1m"), int | float)]
+    return "-".join(values) or "-"
+
+
 def _budget_off(p: PointResult) -> str:
     check = p.extra.get("budget_check")
     if not isinstance(check, dict):
@@ -110,8 +118,8 @@ def _slots(result: ExperimentResult) -> list[str]:
 def _models(result: ExperimentResult) -> list[str]:
     lines = [
         "| model | type | file MiB | RSS idle MiB | RSS peak MiB | budget MiB | budget vs peak "
-        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | quality | latency verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | quality | latency verdict | load avg |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for p in result.points:
         q = p.quality
@@ -120,7 +128,8 @@ def _models(result: ExperimentResult) -> list[str]:
             f"| {p.label} | {p.extra.get('type') or '-'} | {_mib(p.extra.get('file_bytes'))} "
             f"| {_mib(p.rss_loaded)} | {_mib(p.extra.get('rss_peak_bytes'))} "
             f"| {_mib((p.budget or {}).get('required_bytes'))} | {_budget_off(p)} | {_latency(p)} "
-            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} | {qtext} | {verdict_text(p.summary)} |"
+            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} | {qtext} | {verdict_text(p.summary)} "
+            f"| {_load(p)} |"
         )
     best = result.extra.get("smallest_passing")
     rate = result.extra.get("min_pass_rate", 1.0)

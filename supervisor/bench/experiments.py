@@ -32,6 +32,7 @@ from supervisor.artifacts.quantize import file_type, read_record
 from supervisor.bench import budget_check
 from supervisor.bench import quality as quality_mod
 from supervisor.bench.client import Target
+from supervisor.bench.hostload import load_average
 from supervisor.bench.launcher import deep_merge, start_llama_server
 from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.prompts import PromptSet
@@ -110,6 +111,7 @@ def measure_launched(
     progress: Progress,
     quality_items: Sequence[quality_mod.Item] | None = None,
 ) -> PointResult:
+    load_start = load_average()
     launched, prepared = start_llama_server(config, folder / "server", progress=progress)
     try:
         rss_loaded = launched.rss_bytes()
@@ -144,6 +146,8 @@ def measure_launched(
     point.extra["rss_peak"] = None if peak is None else peak.to_dict()
     point.extra["rss_samples"] = sampler.samples
     point.extra["budget_check"] = budget_check.check(point.budget, peak)
+    # Per point: on a shared host the load moves between points, and with it each point's speed.
+    point.extra["load_average"] = {"start": load_start, "end": load_average()}
     return point
 
 

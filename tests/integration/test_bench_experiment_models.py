@@ -86,6 +86,7 @@ def test_models_experiment_compares_a_derived_type_with_its_source(
             and peak["anon_bytes"] > 0
         )
         assert p["prompt_tokens_per_s_median"] > 0 and p["decode_tokens_per_s_median"] > 0
+        assert set(p["extra"]["load_average"]) == {"start", "end"}
         check = p["extra"]["budget_check"]
         assert check["predicted_bytes"] == p["budget"]["required_bytes"]
         assert check["measured_peak_rss_bytes"] == peak["rss_bytes"]

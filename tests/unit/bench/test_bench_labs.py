@@ -12,7 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor.bench import budget_check, experiment_charts, experiments, hostload, kv_reuse
+from supervisor.bench import (
+    budget_check,
+    experiment_charts,
+    experiment_report,
+    experiments,
+    hostload,
+    kv_reuse,
+)
 from supervisor.bench.client import Target
 from supervisor.bench.growth import growth, polyfit
 from supervisor.bench.rss import PeakSampler, Resident, resident
@@ -247,3 +254,20 @@ def test_charts_of_models_slots_and_kv_reuse(tmp_path: Path) -> None:
     assert _png(tmp_path / "k" / "chart.png")
     threads = experiments.ExperimentResult("threads", [point("t=1", {"threads": 1})])
     assert experiment_charts.write(threads, tmp_path / "t", "t") == "no chart for the threads experiment"
+
+
+def test_the_models_table_shows_each_points_memory_budget_and_load() -> None:
+    p = point("q8.gguf", {"model": "q8.gguf"}, budget=_budget(), rss_loaded=300 * MIB)
+    p.extra.update(
+        {
+            "type": "Q8_0",
+            "file_bytes": 278 * MIB,
+            "rss_peak_bytes": 400 * MIB,
+            "budget_check": budget_check.check(_budget(), Resident(700 * MIB, 400 * MIB, 300 * MIB, 0)),
+            "load_average": {"start": {"1m": 1.5}, "end": {"1m": 2.0}},
+        }
+    )
+    text = experiment_report.markdown(experiments.ExperimentResult("models", [p]))
+    assert "| q8.gguf | Q8_0 | 278 | 300 | 400 | 435 | -38 % (!) |" in text
+    assert text.rstrip().splitlines()[4].endswith("| 1.5-2 |")
+    assert "- q8.gguf: the budget (435 MiB) is -38 % off the peak RSS under load (700 MiB)" in text
