@@ -1,7 +1,8 @@
 """PNG charts of the experiments, written beside their records (``chart.png``), as ``bench sweep`` does.
 
 - ``models``: per file, the memory (file size, resident memory idle and at its peak under load, and the
-  budget llamagate computed), decode and prompt tokens per second, and TTFT and TPOT percentiles.
+  budget llamagate computed, with and without the prompt cache and checkpoint caps), decode and prompt
+  tokens per second, and TTFT and TPOT percentiles.
 - ``slots``: per slots x context point, the same memory bars, and latency percentiles with goodput.
 - ``kv-reuse``: seconds per answer against N for both ways, with the fitted curves, on linear axes and
   on log-log axes (where the slope is the exponent).
@@ -29,6 +30,12 @@ def _mib(value: Any) -> float:
     return float(value) / MIB if isinstance(value, int | float) else 0.0
 
 
+def _bare(p: PointResult) -> float:
+    """Weights + KV + runtime allowance: the budget without the two caps a short run does not fill."""
+    b = p.budget or {}
+    return _mib(sum(int(b.get(k, 0)) for k in ("weights_bytes", "kv_bytes", "runtime_bytes")))
+
+
 def _grouped_bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Sequence[float], str]]) -> None:
     width = 0.8 / max(1, len(series))
     xs = list(range(len(labels)))
@@ -49,6 +56,7 @@ def _memory(ax: Any, points: Sequence[PointResult], labels: Sequence[str], file_
         ("RSS idle (loaded)", [_mib(p.rss_loaded) for p in points], "tab:blue"),
         ("RSS peak under load", [_mib(p.extra.get("rss_peak_bytes")) for p in points], "tab:purple"),
         ("budget (required)", [_mib((p.budget or {}).get("required_bytes")) for p in points], "tab:orange"),
+        ("budget less prompt cache and checkpoints", [_bare(p) for p in points], "navajowhite"),
     ]
     _grouped_bars(ax, labels, series)
     ax.set_ylabel("MiB")
