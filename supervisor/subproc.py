@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -33,11 +34,15 @@ def run_streaming(
     cwd: Path | None = None,
     log_path: Path | None = None,
     tail_lines: int = 40,
+    popen: Callable[..., subprocess.Popen[Any]] = subprocess.Popen,
 ) -> RunResult:
+    """``popen``: ``child.spawn.popen_tied`` for one binary the kernel must kill when this process
+    dies, even by SIGKILL (llama-quantize). Not for cmake, whose compilers are grandchildren that the
+    tie would not reach: they stay in our process group instead (above)."""
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     log_fh = log_path.open("a", encoding="utf-8", buffering=1) if log_path is not None else None
     try:
-        with subprocess.Popen(
+        with popen(
             [str(a) for a in argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -40,3 +40,26 @@ def demo_model() -> Path:
     from supervisor.progress import ConsoleProgress
 
     return ensure_demo_model(progress=ConsoleProgress())
+
+
+@pytest.fixture(scope="session")
+def llama_quantize_binary() -> Path:
+    """The lock's llama-quantize from llamagate's own cache, built there (minutes, once) if missing."""
+    from supervisor.artifacts.build import ensure_binary
+    from supervisor.artifacts.tools import QUANTIZE
+    from supervisor.progress import ConsoleProgress
+
+    return ensure_binary(LOCK, progress=ConsoleProgress(), target=QUANTIZE).path
+
+
+@pytest.fixture(scope="session")
+def demo_q8_0(
+    llama_quantize_binary: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The demo model derived as Q8_0 (seconds) once per session, into a temporary folder (not the cache),
+    with its ``.derived.json`` record beside it."""
+    from supervisor.artifacts.quantize import derive
+    from supervisor.progress import ConsoleProgress
+
+    out = tmp_path_factory.mktemp("derived") / "gemma-3-270m-q8_0.gguf"
+    return derive(demo_model, "Q8_0", lock_path=LOCK, progress=ConsoleProgress(), out=out).path

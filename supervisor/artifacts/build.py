@@ -1,12 +1,18 @@
 """``ensure_binary``: the llama-server the lock describes, built once, installed atomically, reused.
 
-Cache layout (``<root>`` = ``paths.cache_root()`` unless given)::
+The same code builds the lock's other tools from the same sources and cmake arguments
+(``target="llama-quantize"``, see ``artifacts.tools``): each target has its own folder, flock and
+receipt beside llama-server's, keyed by the same lock digest, so a cache hit for one never depends on
+the other.
+
+Cache layout (``<root>`` = ``paths.cache_root()`` unless given; ``<target>`` = ``llama-server`` or a
+tool such as ``llama-quantize``)::
 
     <root>/sources/<sha256>                       verified source tarballs (content-addressed)
-    <root>/llama-server/<digest[:16]>/            one finished install per lock digest
-        llama-server  receipt.json  build.log
-    <root>/llama-server/<digest[:16]>.lock        flock: one builder per digest at a time
-    <root>/llama-server/.build-<digest[:16]>-*/   a build in progress (source, build tree, staging)
+    <root>/<target>/<digest[:16]>/                one finished install per lock digest
+        <target>  receipt.json  build.log
+    <root>/<target>/<digest[:16]>.lock            flock: one builder per digest at a time
+    <root>/<target>/.build-<digest[:16]>-*/       a build in progress (source, build tree, staging)
 
 Races and interruptions: a builder holds the flock for the whole build; a second one waits, then
 finds the install and returns it. The install folder appears in one ``rename`` of a fully written
@@ -31,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from supervisor import __version__
-from supervisor.artifacts import cmake
+from supervisor.artifacts import cmake, tools
 from supervisor.artifacts.fetch import fetch_source
 from supervisor.artifacts.files import sha256_fresh
 from supervisor.artifacts.lock import Lock, load_lock
@@ -58,27 +64,30 @@ class InstalledBinary:
         return self.path.parent
 
 
-def binaries_dir(root: Path) -> Path:
-    return root / "llama-server"
+def binaries_dir(root: Path, target: str = "llama-server") -> Path:
+    return root / target
 
 
-def install_dir(lock: Lock, root: Path) -> Path:
-    return binaries_dir(root) / lock.digest[:16]
+def install_dir(lock: Lock, root: Path, target: str | None = None) -> Path:
+    return binaries_dir(root, target or lock.target) / lock.digest[:16]
 
 
-def find_installed(lock_path: Path, *, cache: Path | None = None) -> InstalledBinary | None:
-    """The installed binary for this lock, or None. Never builds.
+def find_installed(
+    lock_path: Path, *, cache: Path | None = None, target: str | None = None
+) -> InstalledBinary | None:
+    """The installed binary for this lock (``target``: the lock's, or one of ``tools.TOOLS``), or None.
+    Never builds.
 
     Raises DigestMismatch when the install exists but the binary no longer hashes to its receipt:
     a tampered or corrupted binary must be noticed, never served and never silently rebuilt over.
     """
     lock = load_lock(lock_path)
-    return _installed(lock, cache if cache is not None else cache_root())
+    return _installed(lock, cache if cache is not None else cache_root(), target or lock.target)
 
 
-def _installed(lock: Lock, root: Path) -> InstalledBinary | None:
-    folder = install_dir(lock, root)
-    binary = folder / lock.target
+def _installed(lock: Lock, root: Path, target: str) -> InstalledBinary | None:
+    folder = install_dir(lock, root, target)
+    binary = folder / target
     receipt_path = folder / RECEIPT_NAME
     if not (binary.is_file() and receipt_path.is_file()):
         return None
@@ -91,24 +100,34 @@ def _installed(lock: Lock, root: Path) -> InstalledBinary | None:
     return InstalledBinary(path=binary, receipt=receipt, lock=lock)
 
 
-def ensure_binary(lock_path: Path, *, cache: Path | None = None, progress: Progress) -> InstalledBinary:
+def ensure_binary(
+    lock_path: Path, *, cache: Path | None = None, progress: Progress, target: str | None = None
+) -> InstalledBinary:
+    """The lock's llama-server (or, with ``target``, one of its tools), built on a cache miss."""
     lock = load_lock(lock_path)
     root = cache if cache is not None else cache_root()
-    hit = _installed(lock, root)
+    target = target or lock.target
+    if target != lock.target and target not in tools.TOOLS:
+        known = ", ".join(sorted({lock.target, *tools.TOOLS}))
+        raise BuildError(f"unknown build target {target!r} (known: {known})")
+    hit = _installed(lock, root, target)
     if hit is not None:
         return hit
-    binaries_dir(root).mkdir(parents=True, exist_ok=True)
-    with _digest_lock(root, lock.digest[:16], blocking=True, progress=progress):
-        hit = _installed(lock, root)  # another builder may have finished while we waited
+    folder = binaries_dir(root, target)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _digest_lock(folder, lock.digest[:16], blocking=True, progress=progress):
+        hit = _installed(lock, root, target)  # another builder may have finished while we waited
         if hit is not None:
             return hit
-        _clean_dead_builds(root, own_key=lock.digest[:16])
-        return _build(lock, root, progress)
+        _clean_dead_builds(folder, own_key=lock.digest[:16])
+        return _build(lock, root, progress, target)
 
 
 @contextlib.contextmanager
-def _digest_lock(root: Path, key: str, *, blocking: bool, progress: Progress | None = None) -> Iterator[bool]:
-    with (binaries_dir(root) / f"{key}.lock").open("a") as fh:
+def _digest_lock(
+    folder: Path, key: str, *, blocking: bool, progress: Progress | None = None
+) -> Iterator[bool]:
+    with (folder / f"{key}.lock").open("a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -124,16 +143,16 @@ def _digest_lock(root: Path, key: str, *, blocking: bool, progress: Progress | N
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _clean_dead_builds(root: Path, own_key: str) -> None:
+def _clean_dead_builds(folder: Path, own_key: str) -> None:
     """Remove build folders whose builder is gone. We hold ``own_key``'s lock, so its leftovers are
     dead by definition; for other digests, a lock we can take means nobody is building them.
     (flock is per open file, so taking it again here for ``own_key`` would fail: hence the case.)"""
-    for leftover in binaries_dir(root).glob(".build-*-*"):
+    for leftover in folder.glob(".build-*-*"):
         key = leftover.name.split("-")[1]
         if key == own_key:
             _remove_leftover(leftover)
             continue
-        with _digest_lock(root, key, blocking=False) as free:
+        with _digest_lock(folder, key, blocking=False) as free:
             if free:
                 _remove_leftover(leftover)
 
@@ -143,16 +162,17 @@ def _remove_leftover(path: Path) -> None:
     log.info("removed leftover of an interrupted build", extra={"fields": {"path": str(path)}})
 
 
-def _build(lock: Lock, root: Path, progress: Progress) -> InstalledBinary:
+def _build(lock: Lock, root: Path, progress: Progress, target: str) -> InstalledBinary:
     key = lock.digest[:16]
     started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=binaries_dir(root))).resolve()
+    folder = binaries_dir(root, target)
+    work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=folder)).resolve()
     # Outside ``work`` so that it survives a failed build, where the error message points to it.
-    log_path = binaries_dir(root) / f"{key}.build.log"
+    log_path = folder / f"{key}.build.log"
     log_path.write_text("", encoding="utf-8")
     try:
         env = cmake.build_env(work)
-        tools = cmake.find_toolchain(env)
+        toolchain = cmake.find_toolchain(env)
         fetched = fetch_source(lock, root=root, progress=progress)
         progress.update("unpack", None, fetched.source.describe())
         safe_extract(fetched.tarball, work / "src")
@@ -164,32 +184,32 @@ def _build(lock: Lock, root: Path, progress: Progress) -> InstalledBinary:
         build_dir = work / "build"
         args = cmake.expand_args(lock.cmake_args, source_dir, build_dir)
         progress.update("configure", None, "cmake")
-        cmake.configure(tools, source_dir, build_dir, args, env, log_path)
-        cmake.compile_target(tools, build_dir, lock.target, cmake.default_jobs(), env, log_path, progress)
-        built = build_dir / "bin" / lock.target
+        cmake.configure(toolchain, source_dir, build_dir, args, env, log_path)
+        cmake.compile_target(toolchain, build_dir, target, cmake.default_jobs(), env, log_path, progress)
+        built = build_dir / "bin" / target
         if not built.is_file():
             raise BuildError(f"cmake reported success but {built} does not exist; see {log_path}")
-        reported = version_output(built)
+        reported = version_output(built, tools.identity_args(target))
         if lock.version_line not in reported.splitlines():
             raise BuildError(
-                f"built binary reports the wrong version: expected a line {lock.version_line!r}, "
+                f"built {target} reports the wrong version: expected a line {lock.version_line!r}, "
                 f"found {reported.strip()!r}"
             )
         stage = work / "install"
         stage.mkdir()
-        binary = stage / lock.target
+        binary = stage / target
         shutil.copy2(built, binary)
         digest = sha256_fresh(binary)
         receipt = Receipt(
             lock_digest=lock.digest,
             llama_cpp_commit=lock.commit,
-            target=lock.target,
+            target=target,
             source_kind=fetched.source.kind,
             source=fetched.source.describe(),
             source_sha256=fetched.source.sha256,
             cmake_args=lock.cmake_args,
             compilers=cmake.compilers_used(build_dir, env),
-            cmake_version=tools.cmake_version,
+            cmake_version=toolchain.cmake_version,
             binary_sha256=digest,
             binary_size=binary.stat().st_size,
             version_output=reported,
@@ -197,27 +217,29 @@ def _build(lock: Lock, root: Path, progress: Progress) -> InstalledBinary:
             build_seconds=round(time.monotonic() - started, 1),
             llamagate_version=__version__,
             platform=f"{platform.system()} {platform.machine()} {platform.release()}",
-            reference_match=_reference_match(lock, digest),
+            # The lock's reference digest is llama-server's; a tool has none to compare with.
+            reference_match=_reference_match(lock, digest) if target == lock.target else None,
         )
         write_receipt(receipt, stage / RECEIPT_NAME)
         shutil.move(log_path, stage / BUILD_LOG_NAME)
-        final = install_dir(lock, root)
+        final = install_dir(lock, root, target)
         # A leftover without a valid receipt (impossible through this code, possible by hand) is
         # replaced: we hold the digest's lock, so nobody else is reading it as an install.
         if final.exists():
             shutil.rmtree(final)
         stage.rename(final)
-        progress.done("build", f"{final / lock.target}")
-        return InstalledBinary(path=final / lock.target, receipt=receipt, lock=lock, cache_hit=False)
+        progress.done("build", f"{final / target}")
+        return InstalledBinary(path=final / target, receipt=receipt, lock=lock, cache_hit=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def version_output(binary: Path) -> str:
-    """Everything ``binary --version`` prints (llama-server writes it to stderr)."""
+def version_output(binary: Path, args: tuple[str, ...] = ("--version",)) -> str:
+    """Everything ``binary --version`` prints (llama-server writes it to stderr); ``args``: what makes
+    a tool without ``--version`` print its build's version line (``tools.identity_args``)."""
     try:
         out = subprocess.run(
-            [str(binary), "--version"],
+            [str(binary), *args],
             capture_output=True,
             text=True,
             timeout=60,

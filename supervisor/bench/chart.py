@@ -36,7 +36,8 @@ class Series:
     points: tuple[SeriesPoint, ...]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or ChartUnavailable saying how to install it."""
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ModuleNotFoundError as exc:
@@ -61,7 +62,7 @@ def render(
     title: str,
 ) -> Path:
     """Write a PNG; ``labels`` fixes the x order (offered loads, increasing)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bars) = plt.subplots(
         2, 1, sharex=True, figsize=(9, 6.4), dpi=110, gridspec_kw={"height_ratios": [3, 1.2]}
     )

@@ -69,11 +69,38 @@ def _cache(result: ExperimentResult) -> list[str]:
     return lines
 
 
+def _load(p: PointResult) -> str:
+    """The host's 1-minute load average at the point's start and end (``2.1-3.4``)."""
+    window = p.extra.get("load_average")
+    ends = [window.get(k) for k in ("start", "end")] if isinstance(window, dict) else []
+    values = [f"{e['1m']:g}" for e in ends if isinstance(e, dict) and isinstance(e.get("1m"), int | float)]
+    return "-".join(values) or "-"
+
+
+def _budget_off(p: PointResult) -> str:
+    check = p.extra.get("budget_check")
+    if not isinstance(check, dict):
+        return "-"
+    return f"{check['off_by_fraction'] * 100:+.0f} %" + ("" if check["within_tolerance"] else " (!)")
+
+
+def _budget_notes(result: ExperimentResult) -> list[str]:
+    notes = [
+        f"- {p.label}: {p.extra['budget_check']['why']}"
+        for p in result.points
+        if isinstance(p.extra.get("budget_check"), dict) and p.extra["budget_check"].get("why")
+    ]
+    if not notes:
+        return []
+    head = "Memory budget against the peak resident memory under load, where they differ by more than 15 %"
+    return ["", f"{head} ((!) above):", "", *notes]
+
+
 def _slots(result: ExperimentResult) -> list[str]:
     lines = [
-        "| slots x ctx | concurrency | KV budget MiB | required MiB | RSS loaded MiB | RSS after MiB "
-        f"| {LATENCY_HEAD} | goodput | verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| slots x ctx | concurrency | KV budget MiB | required MiB | RSS loaded MiB | RSS peak MiB "
+        f"| RSS after MiB | budget vs peak | {LATENCY_HEAD} | goodput | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in result.points:
         b = p.budget or {}
@@ -81,23 +108,28 @@ def _slots(result: ExperimentResult) -> list[str]:
         lines.append(
             f"| {p.label} | {p.settings['concurrency']:g} | {_mib(b.get('kv_bytes'))} "
             f"| {_mib(b.get('required_bytes'))} "
-            f"| {_mib(p.rss_loaded)} | {_mib(p.rss_after)} | {_latency(p)} | {s.goodput}/{s.submitted} "
+            f"| {_mib(p.rss_loaded)} | {_mib(p.extra.get('rss_peak_bytes'))} | {_mib(p.rss_after)} "
+            f"| {_budget_off(p)} | {_latency(p)} | {s.goodput}/{s.submitted} "
             f"| {verdict_text(s)} |"
         )
-    return lines
+    return lines + _budget_notes(result)
 
 
 def _models(result: ExperimentResult) -> list[str]:
     lines = [
-        f"| model | file MiB | RSS after MiB | {LATENCY_HEAD} | decode tok/s | quality | latency verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | type | file MiB | RSS idle MiB | RSS peak MiB | budget MiB | budget vs peak "
+        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | quality | latency verdict | load avg |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for p in result.points:
         q = p.quality
         qtext = "-" if q is None else f"{q.passed}/{q.total}"
         lines.append(
-            f"| {p.label} | {_mib(p.extra.get('file_bytes'))} | {_mib(p.rss_after)} | {_latency(p)} "
-            f"| {_rate(p.decode_tps)} | {qtext} | {verdict_text(p.summary)} |"
+            f"| {p.label} | {p.extra.get('type') or '-'} | {_mib(p.extra.get('file_bytes'))} "
+            f"| {_mib(p.rss_loaded)} | {_mib(p.extra.get('rss_peak_bytes'))} "
+            f"| {_mib((p.budget or {}).get('required_bytes'))} | {_budget_off(p)} | {_latency(p)} "
+            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} | {qtext} | {verdict_text(p.summary)} "
+            f"| {_load(p)} |"
         )
     best = result.extra.get("smallest_passing")
     rate = result.extra.get("min_pass_rate", 1.0)
@@ -106,7 +138,7 @@ def _models(result: ExperimentResult) -> list[str]:
         f"Smallest model passing the latency gates and a quality pass rate >= {rate * 100:g}%: "
         + (f"**{best}**." if best else "none."),
     ]
-    return lines
+    return lines + _budget_notes(result)
 
 
 _TABLES = {"threads": _threads, "cache-prompt": _cache, "slots": _slots, "models": _models}

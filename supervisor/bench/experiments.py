@@ -10,6 +10,9 @@
 - ``models``: several model files (quantizations): size, RSS, latency and an optional quality-set pass
   rate, to pick the smallest model that passes both the quality and the latency gates.
 
+Every launched point also records the child's resident memory idle and at its peak while the requests
+run (``rss.PeakSampler``), and the memory budget against that peak (``budget_check``).
+
 Each point that launches a server starts it from the config (``launcher.start_llama_server``), measures,
 and stops it before the next point, so points never share the CPU.
 """
@@ -25,12 +28,16 @@ from typing import Any
 
 import httpx
 
+from supervisor.artifacts.quantize import file_type, read_record
+from supervisor.bench import budget_check
 from supervisor.bench import quality as quality_mod
 from supervisor.bench.client import Target
+from supervisor.bench.hostload import load_average
 from supervisor.bench.launcher import deep_merge, start_llama_server
 from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.prompts import PromptSet
 from supervisor.bench.records import RequestRecord
+from supervisor.bench.rss import PeakSampler, resident
 from supervisor.bench.runner import RequestOptions, RunSpec, run_async
 from supervisor.bench.stats import Gates
 from supervisor.bench.summary import Summary
@@ -104,10 +111,15 @@ def measure_launched(
     progress: Progress,
     quality_items: Sequence[quality_mod.Item] | None = None,
 ) -> PointResult:
+    load_start = load_average()
     launched, prepared = start_llama_server(config, folder / "server", progress=progress)
     try:
         rss_loaded = launched.rss_bytes()
-        summary, records = _run(launched.target, workload, folder / "run", progress)
+        pid = launched.server_pid()
+        idle = None if pid is None else resident(pid)
+        # The peak while the requests run, split into file-backed and anonymous (the budget's parts).
+        with PeakSampler(pid) as sampler:
+            summary, records = _run(launched.target, workload, folder / "run", progress)
         rss_after = launched.rss_bytes()
         quality = None
         if quality_items:
@@ -115,7 +127,7 @@ def measure_launched(
     finally:
         launched.stop()
     prompt_tps, decode_tps = server_rates(records)
-    return PointResult(
+    point = PointResult(
         label,
         settings,
         summary,
@@ -128,6 +140,15 @@ def measure_launched(
         prepared.identity,
         quality,
     )
+    peak = sampler.peak
+    point.extra["rss_idle"] = None if idle is None else idle.to_dict()
+    point.extra["rss_peak_bytes"] = None if peak is None else peak.rss
+    point.extra["rss_peak"] = None if peak is None else peak.to_dict()
+    point.extra["rss_samples"] = sampler.samples
+    point.extra["budget_check"] = budget_check.check(point.budget, peak)
+    # Per point: on a shared host the load moves between points, and with it each point's speed.
+    point.extra["load_average"] = {"start": load_start, "end": load_average()}
+    return point
 
 
 def threads(
@@ -227,8 +248,11 @@ def models(
             quality_items,
         )
         point.extra["file_bytes"] = path.stat().st_size
+        point.extra["type"] = file_type(path)
+        point.extra["derived"] = read_record(path)  # how `model quantize` made it, if it did
         points.append(point)
     result = ExperimentResult("models", points)
+    result.notes += _derivation_notes(points)
 
     def passes(p: PointResult) -> bool:
         q_ok = p.quality is None or (p.quality.rate is not None and p.quality.rate >= min_pass_rate)
@@ -238,3 +262,22 @@ def models(
     result.extra["smallest_passing"] = passing[0].label if passing else None
     result.extra["min_pass_rate"] = min_pass_rate
     return result
+
+
+def _derivation_notes(points: Sequence[PointResult]) -> list[str]:
+    """Say plainly when some files were requantized: their quality is their source's."""
+    by_source: dict[tuple[str, str], list[str]] = {}
+    for p in points:
+        d = p.extra.get("derived")
+        if isinstance(d, dict) and d.get("requantized"):
+            src = d.get("source") or {}
+            key = (str(src.get("type") or "quantized"), str(src.get("sha256", "?")))
+            by_source.setdefault(key, []).append(str(d.get("type")))
+    return [
+        f"{', '.join(types)} {'was' if len(types) == 1 else 'were'} derived from the {src_type} file "
+        f"(sha256 {sha[:16]}...) with llama-quantize --allow-requantize: "
+        f"{'it carries' if len(types) == 1 else 'they carry'} {src_type}'s quality, not "
+        f"{'its' if len(types) == 1 else 'their'} own, and differ{'s' if len(types) == 1 else ''} only in "
+        "kernels, size and memory bandwidth. This comparison is of speed and memory, not quality."
+        for (src_type, sha), types in by_source.items()
+    ]

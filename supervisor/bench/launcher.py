@@ -356,6 +356,10 @@ class BareServer:
     log_path: Path
     identity: dict[str, Any] = field(default_factory=dict)
 
+    def server_pid(self) -> int | None:
+        """The llama-server process (the experiments sample its memory)."""
+        return self.proc.pid
+
     def rss_bytes(self) -> int | None:
         return _rss(self.proc.pid)
 

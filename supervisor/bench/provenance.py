@@ -19,6 +19,7 @@ import httpx
 
 from supervisor import __version__
 from supervisor.bench.client import Target
+from supervisor.bench.hostload import load_average
 from supervisor.daemon.identity import host_identity
 
 PROVENANCE_SCHEMA = "llamagate.bench.provenance/1"
@@ -125,6 +126,8 @@ def collect(
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "llamagate": llamagate_identity(),
         "host": host_identity(),
+        # How busy the host was (another job's compiler halves a decode rate); hostload adds the end.
+        "load_average": {"start": load_average()},
         "command": command_line(argv),
         "targets": {name: target_identity(t) for name, t in targets.items()},
         "launched": dict(launched) if launched else None,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from supervisor.artifacts.build import InstalledBinary, ensure_binary
 from supervisor.artifacts.lock import load_lock
+from supervisor.artifacts.tools import TOOLS
 from supervisor.interrupts import sigterm_as_interrupt
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress
@@ -36,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_lock_and_cache(parser)
     parser.add_argument("--print-digest", action="store_true", help="print the lock's digest and exit")
+    parser.add_argument(
+        "--target",
+        choices=("llama-server", *TOOLS),
+        default=None,
+        help="what to build: llama-server (default) or a tool from the same sources and cmake arguments",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
@@ -66,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     interruptible()
     started = time.monotonic()
-    installed = ensure_binary(lock_path, cache=args.cache, progress=ConsoleProgress())
+    installed = ensure_binary(lock_path, cache=args.cache, progress=ConsoleProgress(), target=args.target)
     elapsed = time.monotonic() - started
     if args.json:
         print(
@@ -82,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     how = "cache hit" if installed.cache_hit else "built"
-    print(f"llama-server: {installed.path} ({how}, {elapsed:.1f} s)")
+    print(f"{installed.receipt.target}: {installed.path} ({how}, {elapsed:.1f} s)")
     print("\n".join(identity_lines(installed)))
     return 0

@@ -110,7 +110,9 @@ def _proxy(
 async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
     secret = secrets.token_urlsafe(16)
     key, entry = new_key("bench", frozenset({"inference"}))
-    fake, fake_url = _python("tests.fakes.fake_llama", "--secret", secret, "--tokens", "16")
+    fake, fake_url = _python(
+        "tests.fakes.fake_llama", f"--secret={secret}", "--tokens", "16"
+    )  # a secret may start with "-"
     procs.append(fake)
     proxy, proxy_url = _proxy(
         fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256

@@ -1,4 +1,4 @@
-"""``llamagate bench experiment threads|cache-prompt|slots|models``: runs that explain the envelope.
+"""``llamagate bench experiment threads|cache-prompt|slots|models|kv-reuse``: runs that explain the envelope.
 
 Exit status: 0 when the experiment completed (its tables are findings, not a verdict), 2 on bad usage.
 """
@@ -11,9 +11,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor.artifacts.demo_model import ensure_demo_model
 from supervisor.artifacts.files import sha256_file
-from supervisor.bench import experiment_report, experiments, llamabench, options
+from supervisor.bench import (
+    experiment_charts,
+    experiment_report,
+    experiments,
+    hostload,
+    llamabench,
+    options,
+    quant_files,
+)
 from supervisor.bench import quality as quality_mod
+from supervisor.bench.commands import kv_reuse
 from supervisor.bench.commands.run import write_provenance
 from supervisor.bench.commands.sweep import parse_values
 from supervisor.bench.launcher import read_base_config, start_llama_server, validate
@@ -21,6 +31,7 @@ from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.provenance import collect
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
+from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress, Progress
 
 
@@ -37,8 +48,14 @@ def _workload(args: argparse.Namespace, concurrency: int) -> experiments.Workloa
 
 
 def _finish(result: experiments.ExperimentResult, out: Path) -> int:
+    window = hostload.record_end(out)
+    result.extra["load_average"] = window
+    result.notes.append(f"host: {hostload.describe(window)}")
     experiment_report.write(result, out)
+    title = f"bench experiment {result.name} ({hostload.describe(window)})"
+    chart = experiment_charts.write(result, out, title)
     print(experiment_report.markdown(result))
+    print(chart, file=sys.stderr)
     print(f"results: {out}")
     return 0
 
@@ -116,8 +133,16 @@ def _model_spec(text: str) -> tuple[Path, str]:
 
 
 def _models(args: argparse.Namespace, progress: Progress) -> int:
-    files = [_model_spec(m) for m in args.model]
+    files = [_model_spec(m) for m in args.model or ()]
     base = read_base_config(args.config)
+    if args.quantize:
+        source = args.source or ensure_demo_model(progress=progress)
+        lock = validate(base, "bench config").llama.lock or default_lock_path()
+        files += quant_files.prepare(
+            quant_files.parse_types(args.quantize), source.resolve(), lock_path=lock, progress=progress
+        )
+    if not files:
+        raise UsageError("bench experiment models: give --model PATH (repeat) or --quantize TYPES")
     items = quality_mod.load(args.quality) if args.quality else None
     if not 0.0 <= args.min_pass_rate <= 1.0:
         raise UsageError("--min-pass-rate must be in [0, 1]")
@@ -144,7 +169,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "experiment",
         aliases=["experiments"],
-        help="runs that explain the envelope: threads, cache-prompt, slots, models",
+        help="runs that explain the envelope: threads, cache-prompt, slots, models, kv-reuse",
     )
     sub = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT")
 
@@ -171,13 +196,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=handler(_slots))
 
     p = sub.add_parser("models", help="several model files: size, memory, latency, optional quality")
+    p.add_argument("--model", action="append", metavar="PATH[=SHA256]", help="a GGUF file (repeat)")
     p.add_argument(
-        "--model", action="append", required=True, metavar="PATH[=SHA256]", help="a GGUF file (repeat)"
+        "--quantize",
+        metavar="TYPES",
+        help="compare these types of --source, e.g. Q4_K_M,Q5_K_M,Q8_0,F16: the source's own type is the "
+        "file itself, the others are derived by `llamagate model quantize` (cached)",
     )
+    p.add_argument("--source", type=Path, help="the GGUF --quantize derives from (default: the demo model)")
     p.add_argument("--quality", type=Path, help="quality set (JSONL: prompt/messages + expect/expect_regex)")
     p.add_argument("--min-pass-rate", type=float, default=1.0, help="quality pass rate needed (1.0)")
     _common(p)
     p.set_defaults(func=handler(_models))
+
+    kv_reuse.register(sub)
 
     def _no_experiment(args: argparse.Namespace) -> int:
         parser.print_help()

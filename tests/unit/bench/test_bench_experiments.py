@@ -253,7 +253,7 @@ def test_report_tables_for_every_experiment(tmp_path: Path) -> None:
         "models", [m], extra={"smallest_passing": None, "min_pass_rate": 1.0}
     )
     text = experiment_report.markdown(models)
-    assert "| small.gguf | 100 |" in text and "3/4" in text and "none." in text
+    assert "| small.gguf | - | 100 |" in text and "3/4" in text and "none." in text
     experiment_report.write(models, tmp_path)
     data = json.loads((tmp_path / "experiment.json").read_text())
     assert data["points"][0]["quality"]["rate"] == 0.75
