@@ -57,6 +57,12 @@ def replay_reason(exc: UpstreamFailure, ctx: RequestContext) -> str | None:
     return None
 
 
+def _serving(snap: UpstreamSnapshot) -> bool:
+    # READY with an address: between noticing an exit and stepping out of READY, the supervisor's
+    # snapshot still says READY but has no address any more (what ``Lane.ready_snapshot`` refuses too).
+    return snap.ready and snap.base_url is not None
+
+
 class Replay:
     """The way back to a new child for one request whose child died (``replay_reason`` said so)."""
 
@@ -89,7 +95,7 @@ class Replay:
             raise error
         self._state.metrics.observe_replay(lane.name, reason)
         self._ctx.next_attempt()
-        await lane.watch(lambda s: s.ready or self._hopeless(s), deadline)
+        await lane.watch(lambda s: _serving(s) or self._hopeless(s), deadline)
         if not self._served():
             raise error
         lane.ready_snapshot()  # the 503 of a request arriving now when the model is still not READY

@@ -22,6 +22,9 @@ from typing import Any, Literal
 
 Ending = Literal["completed", "abandoned", "refused", "failed", "hung"]
 
+# The kinds of call whose answer is one JSON body: the client sees nothing until it is whole, so a child
+# that dies meanwhile costs it nothing but time (``proxy.routes.replay``).
+NON_STREAMED = ("plain", "drop_plain")
 RSS_DRIFT_TARGET = 0.05  # the target: < 5 % over the last 5 minutes
 RSS_WINDOW_S = 300.0
 
@@ -122,6 +125,7 @@ def evaluate(
     over = [s for s in ledger.slot_samples if s.over]
     drift = rss_drift(ledger.resources, load_end_t, rss_window_s)
     gauges_zero = gauges_at_end is not None and all(v == 0 for v in gauges_at_end.values())
+    plain_failed = sum(ledger.by_kind.get(kind, Counter())["failed"] for kind in NON_STREAMED)
     return [
         Target(
             "every request accounted for",
@@ -131,6 +135,12 @@ def evaluate(
         ),
         Target(
             "no request hung", ledger.endings["hung"] == 0, ledger.endings["hung"], "0 client deadlines hit"
+        ),
+        Target(
+            "no non-streamed request failed",
+            plain_failed == 0,
+            plain_failed,
+            "0 plain calls failed: one in flight when the child dies is run again on the next child",
         ),
         Target(
             "gauges back to 0",

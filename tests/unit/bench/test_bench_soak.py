@@ -278,3 +278,14 @@ def test_replays_are_read_by_reason_and_shown_in_the_summary() -> None:
     text = summary_text(result)
     assert "replays (llamagate_replays_total): closed 4" in text
     assert "plain: completed 1" in text and "stream: failed 1" in text
+
+
+def test_a_failed_non_streamed_call_fails_its_target_and_a_failed_stream_does_not() -> None:
+    streams = _steady(_ledger_with([("stream", "failed", 200, "error event mid-stream")]))
+    assert _targets(streams)["no non-streamed request failed"].met
+    for kind in ("plain", "drop_plain"):
+        ledger = _steady(
+            _ledger_with([(kind, "failed", 502, "HTTP 502"), (kind, "refused", 503, "HTTP 503")])
+        )
+        target = _targets(ledger)["no non-streamed request failed"]
+        assert not target.met and target.value == 1

@@ -104,6 +104,23 @@ async def test_a_non_streamed_answer_whose_child_died_comes_whole_from_the_next_
     assert line["tokens"] == 4  # the final attempt's, not the dead child's two
 
 
+async def test_a_child_whose_snapshot_first_loses_its_address_is_waited_for_all_the_same(
+    proxy_factory: ProxyFactory,
+) -> None:
+    # The supervisor saw the exit but has not stepped out of READY yet: READY, and no address.
+    async with proxy_factory() as p, p.client() as c:
+        p.fake.die_at_token = 2
+        p.fake.on_death = lambda: p.source.update(base_url=None, secret=None)
+        task = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
+        await eventually(waiting(p), DEADLINE_S)
+        p.source.update(reason="exited: killed by SIGKILL", **DEAD)
+        async with next_child(p) as child:
+            r = await asyncio.wait_for(task, DEADLINE_S)
+            assert r.status_code == 200, r.text
+            assert child.requests == 1
+        assert await replays(p) == {"closed": 1.0}
+
+
 async def test_a_stream_whose_child_died_in_the_prompt_is_served_by_the_next_child(
     proxy_factory: ProxyFactory,
 ) -> None:
