@@ -54,8 +54,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Start a llamagate daemon from the config (three tenants and fresh keys are added), "
         "load it with twice its slots of mixed streamed, plain and disconnecting clients, SIGKILL and "
         "SIGSTOP its child and SIGHUP it meanwhile, and check: every request accounted for, none hung, "
-        "no non-streamed request failed, gauges back to 0, /slots busy never above the permits, daemon RSS drift over the last 5 minutes "
-        "< 5 %%, descriptors back to the start count. Exit 0 only when all are met.",
+        "no non-streamed request failed, gauges back to 0, /slots busy never above the permits, daemon "
+        "RSS drift over the last 5 minutes < 5 %%, descriptors back to the start count. Exit 0 only when "
+        "all are met.",
     )
     parser.add_argument(
         "--config", type=Path, help="llamagate config to start from (default: embedded default)"
