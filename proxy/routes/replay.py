@@ -17,9 +17,10 @@ was already gone; reason ``refused``). Then:
    linger: that child has no slot left to notice with). It waits for the model's next READY snapshot, on
    the source's announced changes (``Lane.watch``), within the request's own deadlines: a stream's first
    token within ``first_token_s`` of its first admission, any request's end within ``total_s`` of its
-   arrival. It stops waiting at once when no child will come: the supervisor gave up (FAILED), the
-   daemon drains, or the model is no longer served. When no child came, the request gets what one
-   arriving then gets: ``503`` with the supervisor's ``Retry-After`` (none when FAILED).
+   arrival. It stops waiting at once when no child will come: the supervisor gave up (FAILED) or the
+   daemon drains; then, or when no child came in time, the request gets what one arriving then gets:
+   ``503`` with the supervisor's ``Retry-After`` (none when FAILED). A model no longer served (a reload
+   removed it) ends the wait with the request's own failure (``502``).
 3. **Once more, once.** It takes its place back at the head of its tenant's queue
    (``Admission.acquire(front=True)``, the tenant's ``queue_timeout_s`` as for any wait there) and runs on
    the new child. A second failure ends it as a first one does today: there is no second replay (a

@@ -275,3 +275,28 @@ def test_every_generation_route_is_replayable() -> None:
     # None of today's generation routes has an effect beyond generating (embeddings and rerank too).
     generation = [r for r in ROUTES if r.admission]
     assert len(generation) == 16 and all(r.replayable for r in generation)
+
+
+async def test_a_drain_ends_the_wait_with_the_503_of_a_stopping_daemon(proxy_factory: ProxyFactory) -> None:
+    async with proxy_factory() as p, p.client() as c:
+        dies(p, at_token=1)
+        task = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
+        await eventually(waiting(p), DEADLINE_S)
+        drained = asyncio.ensure_future(p.state.drain(DEADLINE_S))  # SIGTERM: no child is coming
+        r = await asyncio.wait_for(task, DEADLINE_S)  # long before its total deadline (60 s)
+        assert r.status_code == 503 and r.headers["retry-after"] == "3"
+        assert await asyncio.wait_for(drained, DEADLINE_S) is True
+
+
+async def test_a_model_removed_during_the_wait_ends_it_with_the_original_failure(
+    proxy_factory: ProxyFactory,
+) -> None:
+    async with proxy_factory() as p, p.client() as c:
+        dies(p, at_token=1)
+        task = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
+        await eventually(waiting(p), DEADLINE_S)
+        lane = p.lane
+        p.state.router.remove(lane.name)  # a SIGHUP took the model out of the config
+        r = await asyncio.wait_for(task, DEADLINE_S)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+        assert lane.admission.held == 0 and lane.active == 0
