@@ -179,3 +179,12 @@ def test_the_checks_see_circles_and_upward_arrows() -> None:
     planted["proxy.models.lane"].add("proxy.state")
     assert _upward("proxy", planted) == ["proxy.models.lane -> proxy.state"]
     assert _cycle(planted) is not None and _cycle(_folders(planted)) is not None
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """Without __init__.py files pytest imports a test module by its basename: a second file of the same
+    name elsewhere under tests/ is a collection error in a fresh checkout (and hidden by a stale cache)."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
