@@ -113,7 +113,16 @@ def test_a_killed_kv_reuse_leaves_no_llama_server(
 ) -> None:
     # N = 2000 recomputed takes far longer than the test: the server is still serving when it is killed.
     proc = bench.start(
-        "experiment", "kv-reuse", "--tokens", "2000", "--config", str(config), "--out", str(tmp_path / "o")
+        "supervisor",
+        "bench",
+        "experiment",
+        "kv-reuse",
+        "--tokens",
+        "2000",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "o"),
     )
     server = bench.server(proc)
     port = port_of(server)
