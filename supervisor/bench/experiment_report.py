@@ -118,8 +118,9 @@ def _slots(result: ExperimentResult) -> list[str]:
 def _models(result: ExperimentResult) -> list[str]:
     lines = [
         "| model | type | file MiB | RSS idle MiB | RSS peak MiB | budget MiB | budget vs peak "
-        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | quality | latency verdict | load avg |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | child CPU ms per output token | quality "
+        "| latency verdict | load avg |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for p in result.points:
         q = p.quality
@@ -128,7 +129,8 @@ def _models(result: ExperimentResult) -> list[str]:
             f"| {p.label} | {p.extra.get('type') or '-'} | {_mib(p.extra.get('file_bytes'))} "
             f"| {_mib(p.rss_loaded)} | {_mib(p.extra.get('rss_peak_bytes'))} "
             f"| {_mib((p.budget or {}).get('required_bytes'))} | {_budget_off(p)} | {_latency(p)} "
-            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} | {qtext} | {verdict_text(p.summary)} "
+            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} "
+            f"| {_rate(p.extra.get('child_cpu_ms_per_output_token'))} | {qtext} | {verdict_text(p.summary)} "
             f"| {_load(p)} |"
         )
     best = result.extra.get("smallest_passing")
