@@ -85,7 +85,7 @@ def models(result: ExperimentResult, path: Path, title: str) -> Path:
     cpu = [p.extra.get("child_cpu_ms_per_output_token") or 0.0 for p in result.points]
     _grouped_bars(axes[0][2], labels, [("child CPU ms per output token", cpu, "tab:brown")])
     axes[0][2].set_ylabel("CPU ms (prompt work included)")
-    axes[0][2].set_title("CPU cost (least affected by other jobs)", fontsize=9)
+    axes[0][2].set_title("child CPU per output token (other jobs inflate it too)", fontsize=9)
     axes[1][2].axis("off")
     _grouped_bars(
         axes[0][1],

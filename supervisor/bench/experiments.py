@@ -150,8 +150,8 @@ def measure_launched(
     point.extra["budget_check"] = budget_check.check(point.budget, peak)
     # Per point: on a shared host the load moves between points, and with it each point's speed.
     point.extra["load_average"] = {"start": load_start, "end": load_average()}
-    # What the child's CPU did for the run (warm-ups included): other jobs delay it but do not add to it,
-    # so unlike the latencies it compares files fairly on a shared host.
+    # What the child's CPU did for the run (warm-ups included). Other jobs inflate it less than the
+    # latencies, but they do: a preempted thread leaves its partner spinning at the next barrier.
     generated = sum(r.completion_tokens or 0 for r in records if r.completed)
     cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 3)
     point.extra["child_cpu_seconds"] = cpu

@@ -19,9 +19,11 @@ log-log exponent): wall seconds, CPU seconds and tokens evaluated.
 Why three: the tokens evaluated are the work itself, exact and the same on any host; wall time is what a
 client waits, and on a shared host it follows the other jobs' load as much as the work (a recorded run
 on 2 cores at load 6 to 9 saw one recomputed step take 0.45 s or 6 s for the same context); the server's
-CPU time is that work as this host's CPU does it, which other runnable processes delay but do not add
-to. With ``repeats`` above 1 every other repeat walks the Ns in reverse order, so a load that drifts
-during the run does not line up with N.
+CPU time is that work as this host's CPU does it, inflated less than the wall time by other jobs but
+still inflated: while one of llama-server's threads is preempted the other spins at the next barrier
+(measured: a 2-thread child spent 3 times the CPU per token at load 8 that it spent at load 4). Only the
+tokens are the same on any host. With ``repeats`` above 1 every other repeat walks the Ns in reverse
+order, so a load that drifts during the run does not line up with N.
 
 Greedy decoding of the same tokens is the same computation either way, but a prompt is evaluated in a
 batch and a decode step one token at a time: the float sums differ in order, so on a near tie the two
