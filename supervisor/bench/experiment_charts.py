@@ -19,6 +19,7 @@ from typing import Any
 
 from supervisor.bench.chart import ChartUnavailable, pyplot
 from supervisor.bench.experiments import ExperimentResult, PointResult
+from supervisor.bench.hostload import one_minute
 from supervisor.bench.kv_reuse import WAYS, KvReuseResult
 
 MIB = 1024 * 1024
@@ -28,6 +29,15 @@ _WAY_STYLE = {"reused": ("tab:green", "o"), "recomputed": ("tab:red", "s")}
 
 def _mib(value: Any) -> float:
     return float(value) / MIB if isinstance(value, int | float) else 0.0
+
+
+def _loads(points: Sequence[PointResult], labels: Sequence[str]) -> str:
+    """Each point's load average, start -> end: on a shared host it explains the speed panels."""
+    rows = ["host load average (1 min) per point:", ""]
+    for label, p in zip(labels, points, strict=True):
+        values = one_minute(p.extra.get("load_average"))
+        rows.append(f"{label:>10}  {' -> '.join(values) or 'unknown'}")
+    return "\n".join(rows)
 
 
 def _bare(p: PointResult) -> float:
@@ -45,6 +55,9 @@ def _grouped_bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Se
         ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
     ax.set_xticks(xs, list(labels), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
+    top = max((v for _, values, _ in series for v in values), default=0.0)
+    if top > 0:
+        ax.set_ylim(0, top * (1.25 + 0.09 * len(series)))  # room above the bars for the legend
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -87,6 +100,7 @@ def models(result: ExperimentResult, path: Path, title: str) -> Path:
     axes[0][2].set_ylabel("CPU ms (prompt work included)")
     axes[0][2].set_title("child CPU per output token (other jobs inflate it too)", fontsize=9)
     axes[1][2].axis("off")
+    axes[1][2].text(0, 1, _loads(result.points, labels), va="top", ha="left", fontsize=8, family="monospace")
     _grouped_bars(
         axes[0][1],
         labels,

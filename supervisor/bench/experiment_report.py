@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.bench.experiments import ExperimentResult, PointResult
+from supervisor.bench.hostload import one_minute
 from supervisor.bench.report import SMALL_NOTE, fmt_ms, verdict_text
 
 MIB = 1024 * 1024
@@ -71,10 +72,7 @@ def _cache(result: ExperimentResult) -> list[str]:
 
 def _load(p: PointResult) -> str:
     """The host's 1-minute load average at the point's start and end (``2.1-3.4``)."""
-    window = p.extra.get("load_average")
-    ends = [window.get(k) for k in ("start", "end")] if isinstance(window, dict) else []
-    values = [f"{e['1m']:g}" for e in ends if isinstance(e, dict) and isinstance(e.get("1m"), int | float)]
-    return "-".join(values) or "-"
+    return "-".join(one_minute(p.extra.get("load_average"))) or "-"
 
 
 def _budget_off(p: PointResult) -> str:
