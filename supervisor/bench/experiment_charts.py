@@ -2,10 +2,10 @@
 
 - ``models``: per file, the memory (file size, resident memory idle and at its peak under load, and the
   budget llamagate computed, with and without the prompt cache and checkpoint caps), decode and prompt
-  tokens per second, and TTFT and TPOT percentiles.
+  tokens per second, the child's CPU milliseconds per output token, and TTFT and TPOT percentiles.
 - ``slots``: per slots x context point, the same memory bars, and latency percentiles with goodput.
-- ``kv-reuse``: seconds per answer against N for both ways, with the fitted curves, on linear axes and
-  on log-log axes (where the slope is the exponent).
+- ``kv-reuse``: per answer against N, for both ways with the fitted curves: wall seconds, llama-server's
+  CPU seconds, and tokens evaluated on log-log axes (where the slope is the exponent).
 
 matplotlib is the optional ``charts`` extra (``chart.pyplot``); without it the records are still
 written and the note says how to get the charts.
@@ -19,6 +19,7 @@ from typing import Any
 
 from supervisor.bench.chart import ChartUnavailable, pyplot
 from supervisor.bench.experiments import ExperimentResult, PointResult
+from supervisor.bench.hostload import one_minute
 from supervisor.bench.kv_reuse import WAYS, KvReuseResult
 
 MIB = 1024 * 1024
@@ -28,6 +29,15 @@ _WAY_STYLE = {"reused": ("tab:green", "o"), "recomputed": ("tab:red", "s")}
 
 def _mib(value: Any) -> float:
     return float(value) / MIB if isinstance(value, int | float) else 0.0
+
+
+def _loads(points: Sequence[PointResult], labels: Sequence[str]) -> str:
+    """Each point's load average, start -> end: on a shared host it explains the speed panels."""
+    rows = ["host load average (1 min) per point:", ""]
+    for label, p in zip(labels, points, strict=True):
+        values = one_minute(p.extra.get("load_average"))
+        rows.append(f"{label:>10}  {' -> '.join(values) or 'unknown'}")
+    return "\n".join(rows)
 
 
 def _bare(p: PointResult) -> float:
@@ -45,6 +55,9 @@ def _grouped_bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Se
         ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
     ax.set_xticks(xs, list(labels), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
+    top = max((v for _, values, _ in series for v in values), default=0.0)
+    if top > 0:
+        ax.set_ylim(0, top * (1.25 + 0.09 * len(series)))  # room above the bars for the legend
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -80,8 +93,14 @@ def _latency(ax: Any, points: Sequence[PointResult], labels: Sequence[str], whic
 def models(result: ExperimentResult, path: Path, title: str) -> Path:
     plt = pyplot()
     labels = [str(p.extra.get("type") or p.label) for p in result.points]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), dpi=110)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5), dpi=110)
     _memory(axes[0][0], result.points, labels, file_bars=True)
+    cpu = [p.extra.get("child_cpu_ms_per_output_token") or 0.0 for p in result.points]
+    _grouped_bars(axes[0][2], labels, [("child CPU ms per output token", cpu, "tab:brown")])
+    axes[0][2].set_ylabel("CPU ms (prompt work included)")
+    axes[0][2].set_title("child CPU per output token (other jobs inflate it too)", fontsize=9)
+    axes[1][2].axis("off")
+    axes[1][2].text(0, 1, _loads(result.points, labels), va="top", ha="left", fontsize=8, family="monospace")
     _grouped_bars(
         axes[0][1],
         labels,
@@ -114,33 +133,46 @@ def slots(result: ExperimentResult, path: Path, title: str) -> Path:
     return _save(fig, plt, path, title)
 
 
-def kv_reuse(result: KvReuseResult, path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, (lin, log) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=110)
+def _growth_panel(ax: Any, result: KvReuseResult, metric: str, ylabel: str, log: bool) -> None:
     ns = result.ns
     smooth = [ns[0] + (ns[-1] - ns[0]) * i / 100 for i in range(101)]
+    drawn = False
     for way in WAYS:
+        g = result.growth.get(metric, {}).get(way)
+        points = [(n, result.median(way, n, metric)) for n in ns]
+        known = [(n, v) for n, v in points if v is not None and (v > 0 or not log)]
+        if g is None or not known:
+            continue
+        drawn = True
         color, marker = _WAY_STYLE[way]
-        ys = [result.median_seconds(way, n) for n in ns]
-        g = result.growth[way]
         fit = g.quadratic if g.verdict == "quadratic" else g.linear
-        exponent = "" if g.exponent is None else f", slope {g.exponent:.2f}"
-        for ax in (lin, log):
-            ax.plot(ns, ys, marker=marker, linestyle="none", color=color, label=f"{way} (measured)")
-            if fit is not None and len(ns) > 1:
-                ax.plot(smooth, [max(fit(n), 1e-6) for n in smooth], color=color, alpha=0.6,
-                        label=f"{way}: {g.verdict} fit{exponent}")  # fmt: skip
-    lin.set_xlabel("N (tokens in the answer)")
-    lin.set_ylabel("seconds per answer")
-    lin.set_title("time per answer", fontsize=9)
-    log.set_xscale("log", base=2)
-    log.set_yscale("log")
-    log.set_xlabel("N (log scale)")
-    log.set_ylabel("seconds per answer (log scale)")
-    log.set_title("log-log: the slope is the exponent", fontsize=9)
-    for ax in (lin, log):
-        ax.grid(True, alpha=0.3)
+        slope = "" if g.exponent is None else f", log-log slope {g.exponent:.2f}"
+        ax.plot([n for n, _ in known], [v for _, v in known], marker=marker, linestyle="none", color=color,
+                label=f"{way}")  # fmt: skip
+        if fit is not None:
+            ax.plot(smooth, [max(fit(n), 1e-6) for n in smooth], color=color, alpha=0.6,
+                    label=f"{way}: {g.verdict} fit{slope}")  # fmt: skip
+    if log:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+    ax.set_xlabel("N (tokens in the answer)" + (", log scale" if log else ""))
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if drawn:
         ax.legend(fontsize=7, loc="upper left")
+    else:
+        ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+
+
+def kv_reuse(result: KvReuseResult, path: Path, title: str) -> Path:
+    plt = pyplot()
+    fig, (wall, cpu, work) = plt.subplots(1, 3, figsize=(14, 4.4), dpi=110)
+    _growth_panel(wall, result, "seconds", "wall seconds per answer (client)", log=False)
+    wall.set_title("time a client waits", fontsize=9)
+    _growth_panel(cpu, result, "cpu_seconds", "llama-server CPU seconds per answer", log=False)
+    cpu.set_title("CPU the server spent", fontsize=9)
+    _growth_panel(work, result, "tokens_evaluated", "tokens evaluated per answer (log)", log=True)
+    work.set_title("work: tokens evaluated (log-log: the slope is the exponent)", fontsize=9)
     return _save(fig, plt, path, title)
 
 

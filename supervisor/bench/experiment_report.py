@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.bench.experiments import ExperimentResult, PointResult
+from supervisor.bench.hostload import one_minute
 from supervisor.bench.report import SMALL_NOTE, fmt_ms, verdict_text
 
 MIB = 1024 * 1024
@@ -71,10 +72,7 @@ def _cache(result: ExperimentResult) -> list[str]:
 
 def _load(p: PointResult) -> str:
     """The host's 1-minute load average at the point's start and end (``2.1-3.4``)."""
-    window = p.extra.get("load_average")
-    ends = [window.get(k) for k in ("start", "end")] if isinstance(window, dict) else []
-    values = [f"{e['1m']:g}" for e in ends if isinstance(e, dict) and isinstance(e.get("1m"), int | float)]
-    return "-".join(values) or "-"
+    return "-".join(one_minute(p.extra.get("load_average"))) or "-"
 
 
 def _budget_off(p: PointResult) -> str:
@@ -118,8 +116,9 @@ def _slots(result: ExperimentResult) -> list[str]:
 def _models(result: ExperimentResult) -> list[str]:
     lines = [
         "| model | type | file MiB | RSS idle MiB | RSS peak MiB | budget MiB | budget vs peak "
-        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | quality | latency verdict | load avg |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        f"| {LATENCY_HEAD} | decode tok/s | prompt tok/s | child CPU ms per output token | quality "
+        "| latency verdict | load avg |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for p in result.points:
         q = p.quality
@@ -128,7 +127,8 @@ def _models(result: ExperimentResult) -> list[str]:
             f"| {p.label} | {p.extra.get('type') or '-'} | {_mib(p.extra.get('file_bytes'))} "
             f"| {_mib(p.rss_loaded)} | {_mib(p.extra.get('rss_peak_bytes'))} "
             f"| {_mib((p.budget or {}).get('required_bytes'))} | {_budget_off(p)} | {_latency(p)} "
-            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} | {qtext} | {verdict_text(p.summary)} "
+            f"| {_rate(p.decode_tps)} | {_rate(p.prompt_tps)} "
+            f"| {_rate(p.extra.get('child_cpu_ms_per_output_token'))} | {qtext} | {verdict_text(p.summary)} "
             f"| {_load(p)} |"
         )
     best = result.extra.get("smallest_passing")

@@ -37,7 +37,7 @@ from supervisor.bench.launcher import deep_merge, start_llama_server
 from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.prompts import PromptSet
 from supervisor.bench.records import RequestRecord
-from supervisor.bench.rss import PeakSampler, resident
+from supervisor.bench.rss import PeakSampler, cpu_seconds, resident
 from supervisor.bench.runner import RequestOptions, RunSpec, run_async
 from supervisor.bench.stats import Gates
 from supervisor.bench.summary import Summary
@@ -117,9 +117,11 @@ def measure_launched(
         rss_loaded = launched.rss_bytes()
         pid = launched.server_pid()
         idle = None if pid is None else resident(pid)
+        cpu_before = cpu_seconds(pid)
         # The peak while the requests run, split into file-backed and anonymous (the budget's parts).
         with PeakSampler(pid) as sampler:
             summary, records = _run(launched.target, workload, folder / "run", progress)
+        cpu_after = cpu_seconds(pid)
         rss_after = launched.rss_bytes()
         quality = None
         if quality_items:
@@ -148,6 +150,14 @@ def measure_launched(
     point.extra["budget_check"] = budget_check.check(point.budget, peak)
     # Per point: on a shared host the load moves between points, and with it each point's speed.
     point.extra["load_average"] = {"start": load_start, "end": load_average()}
+    # What the child's CPU did for the run (warm-ups included). Other jobs inflate it less than the
+    # latencies, but they do: a preempted thread leaves its partner spinning at the next barrier.
+    generated = sum(r.completion_tokens or 0 for r in records if r.completed)
+    cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 3)
+    point.extra["child_cpu_seconds"] = cpu
+    point.extra["child_cpu_ms_per_output_token"] = (
+        None if cpu is None or not generated else cpu * 1000 / generated
+    )
     return point
 
 

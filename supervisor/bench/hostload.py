@@ -37,6 +37,12 @@ def record_end(out: Path) -> dict[str, Any]:
     return window
 
 
+def one_minute(window: Any) -> list[str]:
+    """The 1-minute figures of a ``{start, end}`` window that are known, in that order."""
+    ends = [window.get("start"), window.get("end")] if isinstance(window, dict) else []
+    return [f"{e['1m']:g}" for e in ends if isinstance(e, dict) and isinstance(e.get("1m"), int | float)]
+
+
 def describe(window: dict[str, Any] | None) -> str:
     """``load average 1.2 at the start, 3.4 at the end (1 min)``, or why it is unknown."""
 

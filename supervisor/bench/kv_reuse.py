@@ -10,10 +10,20 @@
 Both ask at temperature 0 with a fixed seed and ``ignore_eos`` (every answer has exactly N tokens), as
 token ids (the text is tokenized once, by the server, so nothing is re-tokenized differently between
 steps), on a server with one slot. Recorded per answer: the client's wall time (first request sent to
-last answer read), llama-server's own prompt and decode milliseconds, the tokens it evaluated and the
-tokens it took from its cache (0 for every recomputed step: nothing was reused), and whether both ways
-gave the same tokens (by sha256 of the ids, never the text). Then the growth of the median time per
-answer with N (``growth``: linear against quadratic, and the log-log exponent).
+last answer read), the CPU time llama-server spent on it, llama-server's own prompt and decode
+milliseconds, the tokens it evaluated and the tokens it took from its cache (0 for every recomputed step:
+nothing was reused), and whether both ways gave the same tokens (by sha256 of the ids, never the text).
+Then the growth with N of each of three medians (``growth``: linear against quadratic, and the
+log-log exponent): wall seconds, CPU seconds and tokens evaluated.
+
+Why three: the tokens evaluated are the work itself, exact and the same on any host; wall time is what a
+client waits, and on a shared host it follows the other jobs' load as much as the work (a recorded run
+on 2 cores at load 6 to 9 saw one recomputed step take 0.45 s or 6 s for the same context); the server's
+CPU time is that work as this host's CPU does it, inflated less than the wall time by other jobs but
+still inflated: while one of llama-server's threads is preempted the other spins at the next barrier
+(measured: a 2-thread child spent 3 times the CPU per token at load 8 that it spent at load 4). Only the
+tokens are the same on any host. With ``repeats`` above 1 every other repeat walks the Ns in reverse
+order, so a load that drifts during the run does not line up with N.
 
 Greedy decoding of the same tokens is the same computation either way, but a prompt is evaluated in a
 batch and a decode step one token at a time: the float sums differ in order, so on a near tie the two
@@ -26,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +54,14 @@ PROMPT = (
 WAYS = ("reused", "recomputed")
 
 
+# What each growth fit is of, by the key it has in ``KvReuseResult.growth`` and the record.
+METRICS = {
+    "seconds": "wall seconds per answer (client clock)",
+    "cpu_seconds": "llama-server CPU seconds per answer",
+    "tokens_evaluated": "tokens llama-server evaluated per answer",
+}
+
+
 class ExperimentFailed(LlamagateError):
     exit_code = 1
 
@@ -54,6 +72,7 @@ class Answer:
     n: int
     repeat: int
     seconds: float  # client wall clock for the whole answer
+    cpu_seconds: float | None  # llama-server's user + system CPU time during the answer
     requests: int
     prompt_ms: float  # llama-server's own, summed over the answer's requests
     decode_ms: float
@@ -70,10 +89,15 @@ class KvReuseResult:
     prompt_tokens: int
     answers: list[Answer]
     same_answer: dict[int, int | None]  # per N: first step where the ways differ, None if never
-    growth: dict[str, Growth]
+    growth: dict[str, dict[str, Growth]]  # metric (METRICS) -> way -> growth of its median with N
     launched: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def median(self, way: str, n: int, metric: str = "seconds") -> float | None:
+        values = [getattr(a, metric) for a in self.answers if a.way == way and a.n == n]
+        known = [float(v) for v in values if v is not None]
+        return statistics.median(known) if known else None
 
     def median_seconds(self, way: str, n: int) -> float:
         return statistics.median(a.seconds for a in self.answers if a.way == way and a.n == n)
@@ -87,9 +111,15 @@ class KvReuseResult:
             "ns": self.ns,
             "repeats": self.repeats,
             "prompt_tokens": self.prompt_tokens,
-            "median_seconds": {w: {str(n): self.median_seconds(w, n) for n in self.ns} for w in WAYS},
+            "medians": {
+                metric: {w: {str(n): self.median(w, n, metric) for n in self.ns} for w in WAYS}
+                for metric in METRICS
+            },
             "first_difference_step": {str(n): v for n, v in self.same_answer.items()},
-            "growth": {w: g.to_dict() for w, g in self.growth.items()},
+            "growth": {
+                metric: {"of": METRICS[metric], **{w: g.to_dict() for w, g in by_way.items()}}
+                for metric, by_way in self.growth.items()
+            },
             "answers": [{**asdict(a), "step_ms": list(a.step_ms)} for a in self.answers],
             "launched": self.launched,
             "notes": self.notes,
@@ -161,32 +191,51 @@ def _num(timings: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def _reused(server: _Server, prompt: list[int], n: int, repeat: int) -> tuple[Answer, list[int]]:
+CpuClock = Callable[[], float | None]
+
+
+def _spent(cpu: CpuClock, before: float | None) -> float | None:
+    after = cpu()
+    return None if before is None or after is None else round(after - before, 3)
+
+
+def _reused(
+    server: _Server, prompt: list[int], n: int, repeat: int, cpu: CpuClock
+) -> tuple[Answer, list[int]]:
+    cpu_before = cpu()
     started = time.monotonic()
     ids, t = server.complete(prompt, n)
     seconds = time.monotonic() - started
     answer = Answer(
-        "reused",
-        n,
-        repeat,
-        seconds,
-        1,
-        _num(t, "prompt_ms"),
-        _num(t, "predicted_ms"),
-        int(_num(t, "prompt_n") + _num(t, "predicted_n")),
-        int(_num(t, "cache_n")),
-        _sha(ids),
+        way="reused",
+        n=n,
+        repeat=repeat,
+        seconds=seconds,
+        cpu_seconds=_spent(cpu, cpu_before),
+        requests=1,
+        prompt_ms=_num(t, "prompt_ms"),
+        decode_ms=_num(t, "predicted_ms"),
+        tokens_evaluated=int(_num(t, "prompt_n") + _num(t, "predicted_n")),
+        tokens_from_cache=int(_num(t, "cache_n")),
+        answer_sha256=_sha(ids),
     )
     return answer, ids
 
 
 def _recomputed(
-    server: _Server, prompt: list[int], n: int, repeat: int, keep_steps: bool, progress: Progress
+    server: _Server,
+    prompt: list[int],
+    n: int,
+    repeat: int,
+    keep_steps: bool,
+    progress: Progress,
+    cpu: CpuClock,
 ) -> tuple[Answer, list[int]]:
     ids: list[int] = []
     prompt_ms = decode_ms = 0.0
     evaluated = cached = 0
     steps: list[float] = []
+    cpu_before = cpu()
     started = time.monotonic()
     for step in range(n):
         t0 = time.monotonic()
@@ -200,9 +249,19 @@ def _recomputed(
         if step % 8 == 0:
             progress.update("kv-reuse", (step + 1) / n, f"recomputed N={n}: step {step + 1}/{n}")
     seconds = time.monotonic() - started
-    kept = tuple(round(s, 2) for s in steps) if keep_steps else ()
     answer = Answer(
-        "recomputed", n, repeat, seconds, n, prompt_ms, decode_ms, evaluated, cached, _sha(ids), kept
+        way="recomputed",
+        n=n,
+        repeat=repeat,
+        seconds=seconds,
+        cpu_seconds=_spent(cpu, cpu_before),
+        requests=n,
+        prompt_ms=prompt_ms,
+        decode_ms=decode_ms,
+        tokens_evaluated=evaluated,
+        tokens_from_cache=cached,
+        answer_sha256=_sha(ids),
+        step_ms=tuple(round(s, 2) for s in steps) if keep_steps else (),
     )
     return answer, ids
 
@@ -223,9 +282,12 @@ def run(
     timeout_s: float = 600.0,
     progress: Progress | None = None,
     transport: httpx.BaseTransport | None = None,
+    cpu: CpuClock | None = None,
 ) -> KvReuseResult:
-    """Both ways at every N (ascending), ``repeats`` times; ways alternate which goes first."""
+    """Both ways at every N, ``repeats`` times (odd repeats walk N downwards); the ways take turns
+    going first. ``cpu``: the server's cumulative CPU seconds (``rss.cpu_seconds`` of its pid)."""
     progress = progress or NullProgress()
+    clock: CpuClock = cpu or (lambda: None)
     ns = sorted(set(ns))
     server = _Server(target, timeout_s, seed, transport)
     try:
@@ -236,16 +298,16 @@ def run(
         answers: list[Answer] = []
         same: dict[int, int | None] = {}
         for repeat in range(repeats):
-            for i, n in enumerate(ns):
+            for i, n in enumerate(ns if repeat % 2 == 0 else ns[::-1]):
                 progress.update("kv-reuse", None, f"N={n} (repeat {repeat + 1}/{repeats})")
                 keep = n == ns[-1] and repeat == 0
                 pair: dict[str, tuple[Answer, list[int]]] = {}
                 order = WAYS if (repeat + i) % 2 == 0 else WAYS[::-1]
                 for way in order:
                     if way == "reused":
-                        pair[way] = _reused(server, prompt, n, repeat)
+                        pair[way] = _reused(server, prompt, n, repeat, clock)
                     else:
-                        pair[way] = _recomputed(server, prompt, n, repeat, keep, progress)
+                        pair[way] = _recomputed(server, prompt, n, repeat, keep, progress, clock)
                 answers += [pair[w][0] for w in WAYS]
                 if repeat == 0:
                     same[n] = _first_difference(pair["reused"][1], pair["recomputed"][1])
@@ -253,8 +315,15 @@ def run(
         server.close()
     progress.done("kv-reuse", f"{len(answers)} answers")
     result = KvReuseResult(list(ns), repeats, len(prompt), answers, same, {})
-    for way in WAYS:
-        result.growth[way] = growth([float(n) for n in ns], [result.median_seconds(way, n) for n in ns])
+    for metric in METRICS:
+        by_way: dict[str, Growth] = {}
+        for way in WAYS:
+            medians = [(float(n), result.median(way, n, metric)) for n in ns]
+            known = [(n, m) for n, m in medians if m is not None]
+            if known:
+                by_way[way] = growth([n for n, _ in known], [m for _, m in known])
+        if by_way:
+            result.growth[metric] = by_way
     return result
 
 
@@ -265,38 +334,49 @@ def markdown(result: KvReuseResult) -> str:
         f"The same greedy answer of N tokens after a {result.prompt_tokens}-token prompt; median of "
         f"{result.repeats} run(s) per point. *reused*: one request decoding N tokens (the KV cache keeps "
         "the attention state); *recomputed*: N one-token requests, each with the whole text so far as "
-        "its prompt and `cache_prompt: false` (the state recomputed every step). Seconds per answer on "
-        "the client's clock; llama-server's own prompt + decode time beside it (the first answer of "
-        "each point).",
+        "its prompt and `cache_prompt: false` (the state recomputed every step). Wall seconds on the "
+        "client's clock, llama-server's CPU seconds, and the tokens it evaluated and took from its "
+        "cache (llama-server's own counts, the first answer of each point).",
         "",
-        "| N | reused s/answer | recomputed s/answer | recomputed / reused | llama-server s, reused "
-        "| llama-server s, recomputed | tokens evaluated, reused | tokens evaluated, recomputed "
-        "| from cache, recomputed | same answer |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| N | wall s, reused | wall s, recomputed | recomputed / reused | CPU s, reused "
+        "| CPU s, recomputed | recomputed / reused | tokens evaluated, reused "
+        "| tokens evaluated, recomputed | from cache, recomputed | same answer |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for n in result.ns:
-        a, b = result.median_seconds("reused", n), result.median_seconds("recomputed", n)
+        a, b = result.median("reused", n), result.median("recomputed", n)
+        ca, cb = result.median("reused", n, "cpu_seconds"), result.median("recomputed", n, "cpu_seconds")
         ra, rb = result.first("reused", n), result.first("recomputed", n)
         diff = result.same_answer.get(n)
         same = "yes" if diff is None else f"no: from token {diff}"
         lines.append(
-            f"| {n} | {a:.3f} | {b:.3f} | {b / a:.1f}x | {(ra.prompt_ms + ra.decode_ms) / 1000:.3f} "
-            f"| {(rb.prompt_ms + rb.decode_ms) / 1000:.3f} | {ra.tokens_evaluated} | {rb.tokens_evaluated} "
-            f"| {rb.tokens_from_cache} | {same} |"
+            f"| {n} | {_f(a)} | {_f(b)} | {_ratio(b, a)} | {_f(ca)} | {_f(cb)} | {_ratio(cb, ca)} "
+            f"| {ra.tokens_evaluated} | {rb.tokens_evaluated} | {rb.tokens_from_cache} | {same} |"
         )
-    lines += ["", "Growth of the time per answer with N (least squares on the medians):", ""]
+    lines += ["", "Growth with N (least squares on the medians):", ""]
     lines += [
-        "| way | a*N + b | R^2 | a*N^2 + b*N + c | R^2 | N^2 share at max N | log-log exponent | fits |"
+        "| of | way | a*N + b | R^2 | a*N^2 + b*N + c | R^2 | N^2 share at max N | log-log exponent | fits |"
     ]
-    lines += ["|---|---|---:|---|---:|---:|---:|---|"]
-    for way in WAYS:
-        lines.append(_growth_row(way, result.growth[way]))
-    lines += ["", f"Rule: {result.growth['reused'].to_dict()['rule']}."]
+    lines += ["|---|---|---|---:|---|---:|---:|---:|---|"]
+    rule = ""
+    for metric, by_way in result.growth.items():
+        for way, g in by_way.items():
+            lines.append(_growth_row(METRICS[metric], way, g))
+            rule = g.to_dict()["rule"]
+    lines += ["", f"Rule: {rule}."]
     lines += [f"- {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
 
 
-def _growth_row(way: str, g: Growth) -> str:
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.1f}x"
+
+
+def _growth_row(of: str, way: str, g: Growth) -> str:
     def r2(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f}"
 
@@ -305,6 +385,6 @@ def _growth_row(way: str, g: Growth) -> str:
     share = "-" if g.quadratic_share is None else f"{g.quadratic_share:.0%}"
     exp = "-" if g.exponent is None else f"{g.exponent:.2f}"
     return (
-        f"| {way} | {lin} | {r2(g.linear.r_squared if g.linear else None)} | {quad} "
+        f"| {of} | {way} | {lin} | {r2(g.linear.r_squared if g.linear else None)} | {quad} "
         f"| {r2(g.quadratic.r_squared if g.quadratic else None)} | {share} | {exp} | **{g.verdict}** |"
     )

@@ -1,4 +1,5 @@
-"""A process's resident memory, sampled on a thread while a measured run goes on: its peak under load.
+"""A process's resident memory, sampled on a thread while a measured run goes on (its peak under load),
+and its CPU time (what a measured piece of work cost it, whatever else the host was running).
 
 Read from ``/proc/PID/status`` (VmRSS, RssAnon, RssFile, RssShmem, in kB), which splits the resident
 memory into what the budget's parts become: the mapped model file is file-backed pages (``RssFile``),
@@ -12,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+import psutil
 
 _FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
@@ -83,3 +86,14 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far (10 ms resolution), None once it is gone."""
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)

@@ -19,6 +19,7 @@ from supervisor.bench.commands.run import write_provenance
 from supervisor.bench.commands.sweep import parse_values
 from supervisor.bench.launcher import deep_merge, read_base_config, start_llama_server
 from supervisor.bench.provenance import collect
+from supervisor.bench.rss import cpu_seconds
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
@@ -50,6 +51,7 @@ def _handle(args: argparse.Namespace) -> int:
         write_provenance(
             out, collect(sys.argv, {"llama-server": launched.target}, {"identity": launched.identity})
         )
+        pid = launched.server_pid()
         result = kv_reuse.run(
             launched.target,
             ns,
@@ -57,6 +59,7 @@ def _handle(args: argparse.Namespace) -> int:
             seed=args.seed,
             timeout_s=args.request_timeout,
             progress=progress,
+            cpu=lambda: cpu_seconds(pid),
         )
     finally:
         launched.stop()

@@ -147,11 +147,29 @@ def test_record_and_table() -> None:
     result = _run(FakeLlama(), [2, 4, 8], repeats=2)
     data = result.to_dict()
     assert len(data["answers"]) == 3 * 2 * 2
-    assert set(data["growth"]) == {"reused", "recomputed"}
-    assert data["growth"]["recomputed"]["verdict"] in ("linear", "quadratic")
+    # Without a CPU clock there is no CPU fit; the work and the wall time are always fitted.
+    assert set(data["growth"]) == {"seconds", "tokens_evaluated"}
+    assert set(data["growth"]["seconds"]) == {"of", "reused", "recomputed"}
+    assert data["medians"]["cpu_seconds"]["reused"]["2"] is None
     assert "content" not in json.dumps(data)  # ids and text never kept, only digests
     text = kv_reuse.markdown(result)
     assert "| 8 |" in text and "| recomputed |" in text and "Rule: quadratic when" in text
+
+
+def test_the_work_grows_as_n_and_as_n_squared_and_cpu_time_is_measured_per_answer() -> None:
+    spent = iter(range(10_000))
+    result = kv_reuse.run(
+        Target("http://127.0.0.1:9", "k"),
+        [2, 4, 8, 16, 32],
+        transport=httpx.MockTransport(FakeLlama()),
+        cpu=lambda: 0.5 * next(spent),  # half a second per reading: each answer reads it twice
+    )
+    work = result.growth["tokens_evaluated"]
+    assert (work["reused"].verdict, work["recomputed"].verdict) == ("linear", "quadratic")
+    assert all(a.cpu_seconds == 0.5 for a in result.answers)
+    assert result.growth["cpu_seconds"]["reused"].verdict == "linear"
+    text = kv_reuse.markdown(result)
+    assert "| tokens llama-server evaluated per answer | recomputed |" in text
 
 
 def test_a_short_answer_fails_the_experiment() -> None:
