@@ -3,7 +3,8 @@
 The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
 ``CorsMiddleware`` (a no-op unless ``proxy.cors`` lists origins) and ``RequestContextMiddleware``
 (request id, error mapping, access log, metrics) around a dict lookup from path to a pure-ASGI endpoint
-(one per row of ``proxy.routes.table``). Starlette's default stack (ServerErrorMiddleware,
+(one per row of ``proxy.routes.table``; a row whose path ends in one parameter, ``/admin/keys/{id}``,
+is found by its prefix when the exact lookup misses). Starlette's default stack (ServerErrorMiddleware,
 ExceptionMiddleware and a regex router) is not on the request path; its router still handles lifespan.
 Nothing in the chain buffers a response body. ``app.add_middleware`` therefore has no effect on
 requests: add layers here.
@@ -24,10 +25,11 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
+from proxy.accounts.service import Accounts
 from proxy.admission.gate import Admission
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.metrics.proxy import AdmissionCollector, ProxyMetrics, Refreshable
+from proxy.metrics.proxy import AdmissionCollector, LedgerCollector, ProxyMetrics, Refreshable
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
@@ -41,28 +43,49 @@ from proxy.state import ProxyState
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 
 
+_Entry = tuple[frozenset[str], ASGIApp, str]  # methods, endpoint, the row's path
+
+
 class _Dispatch:
-    """Exact-path routing: one dict lookup. Unknown path: 404; known path, wrong method: 405."""
+    """Exact-path routing: one dict lookup. Unknown path: 404; known path, wrong method: 405.
+
+    A row whose path ends in one parameter (``/admin/keys/{id}``) matches any one non-empty segment after
+    its prefix, handed to the endpoint as ``scope["path_params"]``; it is tried only when the exact
+    lookup misses, so every other request still costs one dict lookup."""
 
     def __init__(self, routes: Sequence[Route], fallback: ASGIApp) -> None:
-        # HEAD only for the probes: relayed upstream, a HEAD answer has a length but no body to wait for.
-        self._table = {
-            r.path: (frozenset(r.methods or ()) - (set() if r.path in _PROBES else {"HEAD"}), r.app)
-            for r in routes
-        }
+        self._table: dict[str, _Entry] = {}
+        self._params: list[tuple[str, str, _Entry]] = []  # (prefix, parameter name, entry)
+        for r in routes:
+            # HEAD only for the probes: relayed upstream, a HEAD answer has a length but no body to wait for.
+            entry = (frozenset(r.methods or ()) - (set() if r.path in _PROBES else {"HEAD"}), r.app, r.path)
+            prefix, brace, rest = r.path.partition("{")
+            if brace and rest.endswith("}") and "/" not in rest:
+                self._params.append((prefix, rest[:-1], entry))
+            else:
+                self._table[r.path] = entry
         self._fallback = fallback
+
+    def _with_parameter(self, scope: Scope) -> _Entry | None:
+        path: str = scope["path"]
+        for prefix, name, entry in self._params:
+            value = path[len(prefix) :]
+            if path.startswith(prefix) and value and "/" not in value:
+                scope["path_params"] = {name: value}
+                return entry
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._fallback(scope, receive, send)  # lifespan
             return
-        entry = self._table.get(scope["path"])
+        entry = self._table.get(scope["path"]) or self._with_parameter(scope)
         if entry is None:
             raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
-        methods, endpoint = entry
+        methods, endpoint, route = entry
         if scope["method"] not in methods:
             ctx: RequestContext = scope[SCOPE_KEY]
-            ctx.route = scope["path"]  # a known route (bounded label set); only the method was wrong
+            ctx.route = route  # a known route (bounded label set); only the method was wrong
             allow = ", ".join(sorted(methods))
             raise MethodNotAllowed(
                 f"method {scope['method']} is not allowed on {scope['path']}", headers={"allow": allow}
@@ -90,14 +113,18 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     extra_collectors: Iterable[Collector] = (),
+    accounts: Accounts | None = None,
 ) -> Starlette:
     """The proxy app. ``source``: the daemon as a whole (readiness, draining, identity); ``models``: at
     least one served model, each with its own source (one model's daemon: a list of one). ``registry``:
     where the proxy's series go (a fresh one by default, never the global default);
-    ``extra_collectors``: more series for the same ``/metrics``."""
+    ``extra_collectors``: more series for the same ``/metrics``. ``accounts``: the store's keys, budgets
+    and ledger, opened and started by the caller, who also flushes and closes them (None: no store)."""
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = ProxyMetrics(registry)
-    state = ProxyState(settings, source, models, metrics)
+    state = ProxyState(settings, source, models, metrics, accounts)
+    if accounts is not None:
+        registry.register(LedgerCollector(accounts.stats))
 
     def gates() -> dict[str, Admission]:
         return {name: lane.admission for name, lane in state.router.lanes.items()}

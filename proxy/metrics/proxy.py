@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.accounts.ledger import LedgerStats
 from proxy.admission.gate import Admission
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
@@ -80,6 +81,37 @@ class AdmissionCollector(Collector):
         yield lingering
 
 
+class LedgerCollector(Collector):
+    """The usage ledger's queue and writes (``proxy.accounts.ledger``), read at scrape time."""
+
+    def __init__(self, stats: Callable[[], LedgerStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "llamagate_ledger_pending_records",
+            "Usage records charged and not written to the store yet",
+            s.pending,
+        )
+        counters = (
+            ("llamagate_ledger_written_records", "Usage records written to the store", s.written),
+            (
+                "llamagate_ledger_unwritten_records",
+                "Usage records whose first write failed (kept in memory and retried)",
+                s.unwritten,
+            ),
+            (
+                "llamagate_ledger_dropped_records",
+                "Usage records lost: charged while the most the ledger holds in memory were waiting",
+                s.dropped,
+            ),
+            ("llamagate_ledger_write_errors", "Batch writes to the store that failed", s.write_errors),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value)
+
+
 class ProxyMetrics:
     """Series the request path updates. Label children are cached: ``labels()`` takes a lock and builds a
     tuple on every call, which shows on the hot path."""
@@ -102,6 +134,12 @@ class ProxyMetrics:
             "llamagate_output_tokens",
             "Generated tokens relayed, by tenant and model",
             ["tenant", "model"],
+            registry=registry,
+        )
+        self.usage_tokens = Counter(
+            "llamagate_usage_tokens",
+            "Tokens charged to the usage ledger, by tenant, model and kind (prompt, cached, completion)",
+            ["tenant", "model", "kind"],
             registry=registry,
         )
         self.ttft = Histogram(
@@ -168,6 +206,12 @@ class ProxyMetrics:
             self._child(self.tpot, tenant, model).observe(tpot_s)
         if tokens:
             self._child(self.output_tokens, tenant, model).inc(tokens)
+
+    def observe_usage(self, tenant: str, model: str, prompt: int, cached: int, completion: int) -> None:
+        """One ledger record's tokens (``cached`` is the part of ``prompt`` read from the prompt cache)."""
+        for kind, value in (("prompt", prompt), ("cached", cached), ("completion", completion)):
+            if value:
+                self._child(self.usage_tokens, tenant, model, kind).inc(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

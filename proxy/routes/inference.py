@@ -5,11 +5,12 @@ model is served, its readiness and the route's feature (503 or 404 before readin
 the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
 lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
 the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
-it also says how many slots the request occupies), the optional prompt-size check (before a slot is
-taken), then admission of that many slots on the lane's gate (and the tenant's total at the door), then
-the child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
-client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
-other requests and goes on; a client that left during it is noticed at admission).
+it also says how many slots the request occupies), the token and request budgets of a store
+(``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
+slot is taken), then admission of that many slots on the lane's gate (and the tenant's total at the
+door), then the child. Every step that can wait (queue, first token, the stream) runs under the client
+watch, so a client that leaves releases what it held at once (not the on-demand load wait: the load is
+shared with other requests and goes on; a client that left during it is noticed at admission).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
@@ -17,7 +18,8 @@ stream; ``total_s`` from arrival to the last byte. A non-streamed answer only ha
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
 Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
-back is ``proxy.streams.relay``.
+back is ``proxy.streams.relay``. With a store, the request's charge (``proxy.routes.charge``) wraps it
+all and charges the child's reported usage at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.errors import ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
+from proxy.routes.charge import Charge, _NoCharge, open_charge
 from proxy.routes.table import RouteSpec
 from proxy.settings import TenantSettings
 from proxy.source import UpstreamSnapshot
@@ -87,7 +90,8 @@ class Inference:
             self._servable(only, snap)
         raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
         payload = bodies.parse_object(raw)
-        lane = state.router.resolve(payload.get("model"), tenant)  # the only one when ``snap`` is set
+        # The only one when ``snap`` is set; a store key may be limited to some models (``who.models``).
+        lane = state.router.resolve(payload.get("model"), tenant, who.models)
         ctx.model = lane.name
         lane.touch()
         if snap is None:
@@ -96,7 +100,8 @@ class Inference:
         try:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
-            await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive)
+            with open_charge(state, ctx, who, tenant, lane.name, self.spec.kind) as charge:
+                await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -116,6 +121,7 @@ class Inference:
         payload: dict[str, Any],
         send: Send,
         receive: Receive,
+        charge: Charge | _NoCharge,
     ) -> None:
         state = self.state
         admin = "admin" in principal.scopes
@@ -126,6 +132,7 @@ class Inference:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
         rewrite = cost.rewritten or rewrite
+        charge.admit(cost.sequences, snap.ctx_per_slot)  # the budgets: 429 before a slot or a queue
         stream = payload.get("stream") is True and self.spec.generates
         if tenant.check_prompt_size:
             prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
@@ -137,6 +144,8 @@ class Inference:
             # that left during a long prompt too, not only once it generates (consumed here, never sent).
             payload["return_progress"] = True
             rewrite = True
+        elif stream and charge.wants_usage(payload, self.fmt):
+            rewrite = True  # the child reports the stream's usage; the tap removes it again
         if rewrite:
             raw = bodies.dump(payload)
         plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
@@ -153,7 +162,8 @@ class Inference:
                     # The child may have restarted while we queued: never mix its old address and new
                     # secret.
                     snap = lane.ready_snapshot()
-                    relay = Relay(ctx, send, watch, self.fmt, exchange)
+                    relay = Relay(ctx, charge.send(send), watch, self.fmt, exchange, charge.tap(self.fmt))
+                    charge.relay = relay  # charged at the end: the last attempt's usage
                     await self._forward(snap, raw, plan, relay, ctx)
                 finally:
                     linger_s = exchange.linger_s()

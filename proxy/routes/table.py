@@ -19,7 +19,12 @@ row is served (``proxy.routes.build`` maps kinds to endpoints):
   a per-tenant rate instead (``proxy.admission.count_rate``);
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
-  ``load`` (the admission gate per tenant, for the page), ``slots``.
+  ``load`` (the admission gate per tenant, for the page), ``slots``;
+- the accounts store's admin routes (``proxy.routes.store_admin``): ``keys`` (list, make), ``key`` (one
+  key by id: revoke) and ``usage`` (the ledger's sums).
+
+A path may end in one parameter (``/admin/keys/{id}``): ``proxy.app`` matches it by its prefix and hands
+the value to the endpoint as ``scope["path_params"]``; the row's path stays the route's label.
 
 The status page's static files (``/``, ``/ui``, ``/ui/*``; ``proxy.routes.ui``) are not API routes and not in
 this table: ``proxy.app`` adds them beside it.
@@ -54,6 +59,9 @@ Kind = Literal[
     "identity",
     "load",
     "slots",
+    "keys",
+    "key",
+    "usage",
 ]
 # The child must have been started with this feature (llama.embeddings / llama.reranking).
 Feature = Literal["embeddings", "reranking"]
@@ -137,6 +145,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/admin/identity", _G, "identity", "admin"),
     RouteSpec("/admin/load", _G, "load", "admin"),
     RouteSpec("/slots", _G, "slots", "admin"),
+    RouteSpec("/admin/keys", ("GET", "POST"), "keys", "admin"),
+    RouteSpec("/admin/keys/{id}", ("DELETE",), "key", "admin"),
+    RouteSpec("/admin/usage", _G, "usage", "admin"),
 )
 
 _AUDIO = "audio input needs a multimodal projector, which the supervisor does not load"

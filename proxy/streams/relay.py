@@ -3,7 +3,9 @@ whole (held up to ``limit`` bytes, then sent with its length), or assembled into
 child's stream (``proxy.streams.assemble`` says why a non-streamed request is streamed from the child).
 
 Whichever way, ``Exchange`` records what the child is doing for the request, so that the admission gate
-knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``).
+knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``). With an
+accounts store, ``usage`` (a ``proxy.streams.usage.UsageTap``) reads what the answer used on the way, and
+``meter`` is left with the last answer's meter (its count is what a client that left is charged).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.errors import UpstreamFailure
 from proxy.streams import privacy
 from proxy.streams.assemble import AnswerTooLarge, Assembler, Kind
-from proxy.streams.formats import StreamFormat
+from proxy.streams.formats import Meter, StreamFormat
+from proxy.streams.usage import UsageTap
 from proxy.upstream.connection import UpstreamClosed
 from proxy.upstream.pool import UpstreamResponse
 
@@ -57,24 +60,32 @@ class Relay:
     """One answer on its way back: where it goes (``send``, with ``watch`` on the client), how the
     route's stream is measured and ended (``fmt``), and what it records (``ctx``, ``exchange``)."""
 
-    __slots__ = ("ctx", "exchange", "fmt", "send", "watch")
+    __slots__ = ("ctx", "exchange", "fmt", "meter", "send", "usage", "watch")
 
     def __init__(
-        self, ctx: RequestContext, send: Send, watch: ClientWatch, fmt: StreamFormat, exchange: Exchange
+        self,
+        ctx: RequestContext,
+        send: Send,
+        watch: ClientWatch,
+        fmt: StreamFormat,
+        exchange: Exchange,
+        usage: UsageTap | None = None,
     ) -> None:
         self.ctx = ctx
         self.send = send
         self.watch = watch
         self.fmt = fmt
         self.exchange = exchange
+        self.usage = usage
+        self.meter: Meter | None = None
 
     async def stream(
         self, response: UpstreamResponse, deadline: asyncio.Timeout, total_at: float, hide: bool
     ) -> None:
         """Relay the child's stream chunk by chunk; at its first token only the total deadline is left."""
         ctx, watch, exchange = self.ctx, self.watch, self.exchange
-        meter = self.fmt.meter()
-        rewriter = privacy.SseRewriter() if hide else None
+        meter = self.meter = self.fmt.meter()
+        rewriter = _rewriter(self.usage, hide)
         await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         send = ctx.raw_send or self.send  # headers are out: body chunks go straight to the server
         clock = time.monotonic
@@ -125,6 +136,8 @@ class Relay:
         content = parts[0] if len(parts) == 1 else b"".join(parts)
         if response.status == 200:
             self.ctx.tokens = self.fmt.count_tokens(content)
+            if self.usage is not None:
+                self.usage.whole(content)
             if hide:
                 content = privacy.strip_json(content)
         else:
@@ -135,7 +148,7 @@ class Relay:
     async def assembled(self, response: UpstreamResponse, kind: Kind, hide: bool, limit: int) -> None:
         """One non-streamed answer of ``kind`` built from the child's stream (at most ``limit`` bytes)."""
         assembler = Assembler(kind, limit)
-        meter = self.fmt.meter()
+        meter = self.meter = self.fmt.meter()
         clock = time.monotonic
         try:
             while (chunk := await response.next_chunk()) is not None:
@@ -154,6 +167,8 @@ class Relay:
             usage = answer.get("usage")
             tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
             self.ctx.tokens = tokens if isinstance(tokens, int) else meter.tokens
+            if self.usage is not None:
+                self.usage.answered(answer)
             if hide:
                 answer = privacy.strip(answer)
         else:
@@ -175,3 +190,30 @@ class Relay:
         self.watch.complete = True
         event = self.fmt.error_event(error)
         await self.send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+class _Chain:
+    """Two stream rewriters, one after the other (the usage tap, then the privacy filter)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: UsageTap, second: privacy.SseRewriter) -> None:
+        self.first = first
+        self.second = second
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self.second.feed(self.first.feed(chunk))
+
+    def flush(self) -> bytes:
+        return self.second.feed(self.first.flush()) + self.second.flush()
+
+
+def _rewriter(tap: UsageTap | None, hide: bool) -> UsageTap | privacy.SseRewriter | _Chain | None:
+    """What the child's stream goes through before the client: the usage tap (it reads the child's own
+    bytes, so it comes first), the privacy filter, both or neither."""
+    if tap is not None:
+        tap.start()
+    hider = privacy.SseRewriter() if hide else None
+    if tap is None or hider is None:
+        return tap or hider
+    return _Chain(tap, hider)
