@@ -45,9 +45,9 @@ class Principal:
     budgets: BudgetSettings | None = None
 
 
-# A lookup of a well-formed key the config's table does not hold (the accounts store's view): the
-# principal, or None for an unknown, revoked or expired key (one 401 for all three).
-Lookup = Callable[[str], "Principal | None"]
+# A lookup of a well-formed key the config's table does not hold (the accounts store's view), by its id
+# and the whole key: the principal, or None for an unknown, revoked or expired key (one 401 for all).
+Lookup = Callable[[str, str], "Principal | None"]
 
 
 def key_digest(key: str) -> str:
@@ -106,7 +106,7 @@ class KeyTable:
             raise Unauthorized("malformed API key")
         entry = self._by_id.get(match.group(1))
         if entry is None and lookup is not None:
-            found = lookup(token)
+            found = lookup(match.group(1), token)
             if found is None:
                 raise Unauthorized(_UNKNOWN)
             return found

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.accounts.service import Accounts
+from proxy.accounts.service import Accounts, MemoryBudgets, has_budgets
 from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
@@ -64,10 +64,15 @@ class ProxyState:
         # Opened and started by the daemon (it owns the store's life); None: no store configured.
         self.accounts = accounts
         self._lookup = self._store_key if accounts is not None else None
+        # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
+        # budgets kept in memory, else nothing (``proxy.routes.charge``).
+        self.book: Accounts | MemoryBudgets | None = accounts
         self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
 
     def _apply(self, settings: ProxySettings) -> None:
+        if self.book is None and has_budgets(settings.tenants):
+            self.book = MemoryBudgets(settings.tenants)
         self.settings = settings
         self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
         self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
@@ -79,8 +84,8 @@ class ProxyState:
         self.upstream.timeouts = settings.timeouts
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
         self.router.reload(settings.tenants)
-        if self.accounts is not None:
-            self.accounts.reconfigure(settings.tenants)  # new limits; the windows keep their counts
+        if self.book is not None:
+            self.book.reconfigure(settings.tenants)  # new limits; the windows keep their counts
 
     @property
     def in_flight(self) -> int:
@@ -127,10 +132,10 @@ class ProxyState:
         require(principal, access)
         return principal
 
-    def _store_key(self, token: str) -> Principal | None:
+    def _store_key(self, key_id: str, token: str) -> Principal | None:
         """A key the config does not hold, from the store's view (in memory; revoked and expired: None)."""
         assert self.accounts is not None
-        key = self.accounts.authenticate(token, time.time())
+        key = self.accounts.find_key(key_id, token, time.time())
         return key.principal if key is not None else None
 
     def tenant(self, name: str) -> TenantSettings:

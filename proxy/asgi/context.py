@@ -18,6 +18,7 @@ class RequestContext:
         "authorization",
         "client_host",
         "content_length",
+        "extra_headers",
         "key_id",
         "model",
         "outcome",
@@ -59,3 +60,6 @@ class RequestContext:
         # with it directly (one call less per SSE event; the start, which needs the id header, went
         # through the wrapper).
         self.raw_send: Send | None = None
+        # Header lines every answer to this request carries, errors included, beside X-Request-ID: a
+        # budgeted caller's rate-limit headers (``proxy.routes.charge``).
+        self.extra_headers: tuple[tuple[bytes, bytes], ...] = ()

@@ -81,6 +81,26 @@ class AdmissionCollector(Collector):
         yield lingering
 
 
+class UsageTokens(Collector):
+    """``llamagate_usage_tokens_total``: the tokens the usage ledger was charged, by tenant, model and
+    kind. A dict of sums rather than a labelled ``Counter``: three increments per request, each of which
+    would take the counter's lock."""
+
+    def __init__(self, sums: Mapping[tuple[str, str], list[int]]) -> None:
+        self._sums = sums
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "llamagate_usage_tokens",
+            "Tokens charged to the usage ledger, by tenant, model and kind (prompt, cached, completion)",
+            labels=["tenant", "model", "kind"],
+        )
+        for (tenant, model), sums in list(self._sums.items()):
+            for kind, value in zip(("prompt", "cached", "completion"), sums, strict=True):
+                family.add_metric([tenant, model, kind], value)
+        yield family
+
+
 class LedgerCollector(Collector):
     """The usage ledger's queue and writes (``proxy.accounts.ledger``), read at scrape time."""
 
@@ -136,12 +156,10 @@ class ProxyMetrics:
             ["tenant", "model"],
             registry=registry,
         )
-        self.usage_tokens = Counter(
-            "llamagate_usage_tokens",
-            "Tokens charged to the usage ledger, by tenant, model and kind (prompt, cached, completion)",
-            ["tenant", "model", "kind"],
-            registry=registry,
-        )
+        # tenant, model -> [prompt, cached, completion]: summed on the request path without a lock (the
+        # event loop is its one writer), read at scrape time (``UsageTokens``).
+        self.usage: dict[tuple[str, str], list[int]] = {}
+        registry.register(UsageTokens(self.usage))
         self.ttft = Histogram(
             "llamagate_time_to_first_token_seconds",
             "Arrival to first generated token, queue wait included, by tenant and model",
@@ -209,9 +227,12 @@ class ProxyMetrics:
 
     def observe_usage(self, tenant: str, model: str, prompt: int, cached: int, completion: int) -> None:
         """One ledger record's tokens (``cached`` is the part of ``prompt`` read from the prompt cache)."""
-        for kind, value in (("prompt", prompt), ("cached", cached), ("completion", completion)):
-            if value:
-                self._child(self.usage_tokens, tenant, model, kind).inc(value)
+        sums = self.usage.get((tenant, model))
+        if sums is None:
+            sums = self.usage[(tenant, model)] = [0, 0, 0]
+        sums[0] += prompt
+        sums[1] += cached
+        sums[2] += completion
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

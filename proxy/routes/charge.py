@@ -1,26 +1,27 @@
 """One generation request's account: its budgets asked at admission, its usage charged at the end.
 
 ``Inference`` opens a charge around each request (``open_charge``: without a store, ``NO_CHARGE``, whose
-every step does nothing) and calls it at three points, each one line in ``proxy.routes.inference``:
+every step does nothing) and calls it at two points, each a line in ``proxy.routes.inference``:
 
 - ``admit(sequences, ctx_per_slot)``, once the request's cost is known and before it takes a slot or
   joins a queue: the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
   with the 429 of the spent budget (``Retry-After``: when the window has room). Its reserve is an upper
   bound of what it can use: every sequence at most fills its slot's context (llama-server stops a
   sequence there: context shift is off), so a budget smaller than that runs one such request at a time;
-- ``wants_usage(payload, fmt)``: a client stream of the OpenAI dialect that did not ask for usage is
-  given ``stream_options.include_usage`` (``proxy.streams.usage`` says why that and not ``timings``);
-  the tap then removes the extra chunk again;
-- ``relay`` is set to the request's ``Relay`` (built with ``send(...)``, which adds the rate-limit
-  headers to the answer, and ``tap(...)``); after a replay, the last attempt's relay, whose tap and meter
+- ``relay`` is set to the request's ``Relay`` (built with ``tap(...)``, which reads the usage a whole
+  or assembled answer reports; a stream's is in its meter's report chunks: ``proxy.streams.usage``);
+  after a replay, the last attempt's relay, whose tap and meter
   hold only that attempt's usage (a child that died before the client saw a byte is not charged).
 
 At the end (``__exit__``): a request that reached the child is charged the usage the child reported (a
 client that left: the completion tokens the meter counted until then, and the prompt if it was
 reported) to the budgets and the ledger (``UsageRecord``: never a prompt or a completion), and the
 ``llamagate_usage_tokens`` series; one that never reached it (refused later, timed out in the queue, the
-client left while it waited) only gives its budget hold back. Error answers of budgeted tenants and keys
-carry the rate-limit headers too.
+client left while it waited) only gives its budget hold back.
+
+A budgeted caller's rate-limit headers (``x-ratelimit-*``, as admission left its windows) are put on the
+request (``RequestContext.extra_headers``): the one layer that starts every answer adds them, to a 200
+as to any error, a 429 of the budgets included.
 """
 
 from __future__ import annotations
@@ -28,37 +29,29 @@ from __future__ import annotations
 import asyncio
 import time
 from types import TracebackType
-from typing import Any
-
-from starlette.types import Message, Send
 
 from proxy.accounts.budgets import Refusal, Ticket
 from proxy.accounts.records import UsageRecord
-from proxy.accounts.service import Accounts
+from proxy.accounts.service import Accounts, MemoryBudgets
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientGone
 from proxy.auth import Principal
 from proxy.errors import ProxyError
 from proxy.metrics.proxy import ProxyMetrics
-from proxy.settings import BudgetSettings, TenantSettings
 from proxy.state import ProxyState
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Relay
 from proxy.streams.usage import UsageTap
 
-_NONE = BudgetSettings()
-
 
 class Charge:
     __slots__ = (
         "_accounts",
-        "_asked",
         "_ctx",
         "_key_budgets",
         "_kind",
         "_metrics",
         "_model",
-        "_tenant_budgeted",
         "_ticket",
         "relay",
         "who",
@@ -66,11 +59,10 @@ class Charge:
 
     def __init__(
         self,
-        accounts: Accounts,
+        accounts: Accounts | MemoryBudgets,
         metrics: ProxyMetrics,
         ctx: RequestContext,
         who: Principal,
-        tenant_budgets: BudgetSettings,
         model: str,
         kind: str,
     ) -> None:
@@ -79,11 +71,9 @@ class Charge:
         self._ctx = ctx
         self.who = who
         self._key_budgets = who.budgets
-        self._tenant_budgeted = tenant_budgets != _NONE
         self._model = model
         self._kind = kind
         self._ticket: Ticket | None = None
-        self._asked = False  # the proxy added include_usage: the tap strips the extra chunk
         self.relay: Relay | None = None
 
     def __enter__(self) -> Charge:
@@ -99,39 +89,15 @@ class Charge:
             who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
         )
         if isinstance(got, Refusal):
-            raise got.error(self._headers(now))
+            # Its rate-limit headers ride on the answer like those of any other (``extra_headers``).
+            lines = self._accounts.header_lines(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
+            self._ctx.extra_headers = lines
+            raise got.error()
         self._ticket = got
-
-    def wants_usage(self, payload: dict[str, Any], fmt: StreamFormat) -> bool:
-        """Ask a client stream for its usage when the client did not; True when ``payload`` changed."""
-        if not fmt.usage.asks:
-            return False
-        options = payload.get("stream_options")
-        if isinstance(options, dict) and options.get("include_usage") is True:
-            return False
-        payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        self._asked = True
-        return True
+        self._ctx.extra_headers = got.headers  # every answer to it carries them, errors too
 
     def tap(self, fmt: StreamFormat) -> UsageTap:
-        return UsageTap(fmt.usage, strip=self._asked)
-
-    def send(self, send: Send) -> Send:
-        """``send`` with the rate-limit headers added to the answer's start, for budgeted callers."""
-        if not (self._tenant_budgeted or (self._key_budgets is not None and self._key_budgets != _NONE)):
-            return send
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                extra = [(k.encode(), v.encode()) for k, v in self._headers(time.time()).items()]
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
-            await send(message)
-
-        return with_headers
-
-    def _headers(self, now: float) -> dict[str, str]:
-        who = self.who
-        return self._accounts.headers(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
+        return UsageTap(fmt.usage)
 
     # -- at the end ---------------------------------------------------------------------------------
     def __exit__(
@@ -139,20 +105,18 @@ class Charge:
     ) -> None:
         ticket, relay, ctx = self._ticket, self.relay, self._ctx
         now = time.time()
-        if isinstance(exc, ProxyError) and not ctx.response_started and ticket is not None:
-            headers = self._headers(now)  # {} without budgets
-            exc.headers.update(headers)
         if ticket is None:
             return  # refused by the budgets, or before them: nothing held
         if relay is None or not relay.exchange.sent:
             self._accounts.budgets.release(ticket, now)
             return
-        usage = relay.usage.usage if relay.usage is not None else None
+        meter = relay.meter
+        usage = relay.usage.result(meter.reports if meter is not None else ()) if relay.usage else None
         prompt = usage.prompt if usage is not None else 0
         cached = usage.cached if usage is not None else 0
         completion = usage.completion if usage is not None else 0
-        if (usage is None or not usage.reported) and relay.meter is not None:
-            completion = max(completion, relay.meter.tokens)  # cut short: what was generated until then
+        if (usage is None or not usage.reported) and meter is not None:
+            completion = max(completion, meter.tokens)  # cut short: what was generated until then
         who = self.who
         record = UsageRecord(
             who.tenant,
@@ -198,14 +162,8 @@ class _NoCharge:
     def admit(self, sequences: int, ctx_per_slot: int) -> None:
         return None
 
-    def wants_usage(self, payload: dict[str, Any], fmt: StreamFormat) -> bool:
-        return False
-
     def tap(self, fmt: StreamFormat) -> None:
         return None
-
-    def send(self, send: Send) -> Send:
-        return send
 
     @property
     def relay(self) -> Relay | None:
@@ -220,9 +178,10 @@ NO_CHARGE = _NoCharge()
 
 
 def open_charge(
-    state: ProxyState, ctx: RequestContext, who: Principal, tenant: TenantSettings, model: str, kind: str
+    state: ProxyState, ctx: RequestContext, who: Principal, model: str, kind: str
 ) -> Charge | _NoCharge:
-    """The charge of one request of ``kind`` (its route's) to ``model``; ``NO_CHARGE`` without a store."""
-    if state.accounts is None:
+    """The charge of one request of ``kind`` (its route's) to ``model``; ``NO_CHARGE`` without a store.
+    The tenant's budgets are the accounts' own (``Accounts.reconfigure``), found by its name."""
+    if state.book is None:
         return NO_CHARGE
-    return Charge(state.accounts, state.metrics, ctx, who, tenant.budgets, model, kind)
+    return Charge(state.book, state.metrics, ctx, who, model, kind)

@@ -100,7 +100,7 @@ class Inference:
         try:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
-            with open_charge(state, ctx, who, tenant, lane.name, self.spec.kind) as charge:
+            with open_charge(state, ctx, who, lane.name, self.spec.kind) as charge:
                 await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge)
         finally:
             lane.track_active(-1)
@@ -144,8 +144,6 @@ class Inference:
             # that left during a long prompt too, not only once it generates (consumed here, never sent).
             payload["return_progress"] = True
             rewrite = True
-        elif stream and charge.wants_usage(payload, self.fmt):
-            rewrite = True  # the child reports the stream's usage; the tap removes it again
         if rewrite:
             raw = bodies.dump(payload)
         plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
@@ -162,7 +160,7 @@ class Inference:
                     # The child may have restarted while we queued: never mix its old address and new
                     # secret.
                     snap = lane.ready_snapshot()
-                    relay = Relay(ctx, charge.send(send), watch, self.fmt, exchange, charge.tap(self.fmt))
+                    relay = Relay(ctx, send, watch, self.fmt, exchange, charge.tap(self.fmt))
                     charge.relay = relay  # charged at the end: the last attempt's usage
                     await self._forward(snap, raw, plan, relay, ctx)
                 finally:

@@ -29,6 +29,9 @@ from proxy.streams.usage import (
 
 
 class Meter(Protocol):
+    # The chunks that carried the child's own figures (``proxy.streams.usage`` reads them).
+    reports: list[bytes]
+
     def feed(self, chunk: bytes, now: float) -> bool: ...
 
     def ttft_from(self, started: float) -> float | None: ...

@@ -4,8 +4,9 @@ child's stream (``proxy.streams.assemble`` says why a non-streamed request is st
 
 Whichever way, ``Exchange`` records what the child is doing for the request, so that the admission gate
 knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``). With an
-accounts store, ``usage`` (a ``proxy.streams.usage.UsageTap``) reads what the answer used on the way, and
-``meter`` is left with the last answer's meter (its count is what a client that left is charged).
+accounts store, ``usage`` (a ``proxy.streams.usage.UsageTap``) reads what a whole or assembled answer
+used, and ``meter`` is left with the last answer's meter: a stream's usage is in the report chunks it
+kept, and its count is what a client that left is charged.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Relay:
         """Relay the child's stream chunk by chunk; at its first token only the total deadline is left."""
         ctx, watch, exchange = self.ctx, self.watch, self.exchange
         meter = self.meter = self.fmt.meter()
-        rewriter = _rewriter(self.usage, hide)
+        rewriter = privacy.SseRewriter() if hide else None
         await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         send = ctx.raw_send or self.send  # headers are out: body chunks go straight to the server
         clock = time.monotonic
@@ -190,30 +191,3 @@ class Relay:
         self.watch.complete = True
         event = self.fmt.error_event(error)
         await self.send({"type": "http.response.body", "body": event, "more_body": False})
-
-
-class _Chain:
-    """Two stream rewriters, one after the other (the usage tap, then the privacy filter)."""
-
-    __slots__ = ("first", "second")
-
-    def __init__(self, first: UsageTap, second: privacy.SseRewriter) -> None:
-        self.first = first
-        self.second = second
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self.second.feed(self.first.feed(chunk))
-
-    def flush(self) -> bytes:
-        return self.second.feed(self.first.flush()) + self.second.flush()
-
-
-def _rewriter(tap: UsageTap | None, hide: bool) -> UsageTap | privacy.SseRewriter | _Chain | None:
-    """What the child's stream goes through before the client: the usage tap (it reads the child's own
-    bytes, so it comes first), the privacy filter, both or neither."""
-    if tap is not None:
-        tap.start()
-    hider = privacy.SseRewriter() if hide else None
-    if tap is None or hider is None:
-        return tap or hider
-    return _Chain(tap, hider)

@@ -1,13 +1,22 @@
 """What a request used, as the child reported it: prompt tokens, the cached part of them, completion
-tokens, read from the answer on its way to the client (for the usage ledger and the budgets).
+tokens, read from the answer on its way to the client (for the usage ledger and the budgets). The answer
+goes on unchanged: the tap only reads.
 
 Each stream dialect says it somewhere else (pinned llama-server, tools/server/server-task.cpp):
 
 - OpenAI chat and completions: ``usage`` (``prompt_tokens``, ``completion_tokens``,
-  ``prompt_tokens_details.cached_tokens``) in a non-streamed answer, and in a stream only when the
-  request asked for it (``stream_options.include_usage``), as a last chunk with ``"choices":[]``. A
-  request with ``n`` > 1 or a prompt array has one such chunk per sequence: they are summed, as the
-  proxy's assembled answer sums them (``proxy.streams.assemble``).
+  ``prompt_tokens_details.cached_tokens``) in a non-streamed answer, in a completions stream's last chunk,
+  and in a chat stream when the client asked for it (``stream_options.include_usage``). A chat stream
+  that did not ask carries ``timings`` on each sequence's last chunk instead (``cache_n``, ``prompt_n``,
+  ``predicted_n``), and those are read: they are the same counters (server-context.cpp fills the usage's
+  ``n_prompt_tokens_cache`` from ``stats.n_prompt_cached`` and ``n_decoded`` from ``stats.n_gen``, which
+  ``timings`` prints as ``cache_n`` and ``predicted_n``), and every prompt token not taken from the cache
+  is counted in ``prompt_n`` as the slot's batches process it, so ``cache_n + prompt_n`` is the task's
+  prompt length, ``usage.prompt_tokens``; the children of ``n`` > 1 copy their parent's counters with its
+  state. So the ledger gets exactly what ``usage`` would have said, without asking the child for a chunk
+  the client did not want (and taking it out again). A request with ``n`` > 1 or a prompt array reports
+  once per sequence: summed, as the proxy's assembled answer sums ``usage`` (``proxy.streams.assemble``);
+  with ``timings_per_token`` each sequence's last figures count.
 - llama-server's native API (``/completion``, ``/infill``): ``tokens_evaluated`` (the prompt),
   ``tokens_predicted`` and ``timings.cache_n`` on each sequence's last event (``"stop":true``), or in the
   whole answer (an array of them for a prompt array). Not ``tokens_cached``: that is the slot's whole
@@ -19,23 +28,16 @@ Each stream dialect says it somewhere else (pinned llama-server, tools/server/se
 - embeddings and rerank: ``usage.prompt_tokens`` of the OpenAI-shaped answers; llama-server's native
   ``/embeddings`` list reports no usage at all (charged as a request of 0 tokens).
 
-Why a client stream is given ``include_usage`` rather than read from ``timings`` (``prompt_n``,
-``cache_n``, ``predicted_n``, always on the last chunk): ``usage.prompt_tokens`` is the task's prompt
-length, the number a client of a non-streamed answer sees, while ``prompt_n`` counts prompt tokens as
-the slot's batches went through (server-context.cpp notes they are not counted for a slot released
-before its batch is accounted), so only ``usage`` is the figure both kinds of client get, exactly. When
-the proxy added ``include_usage`` (``strip``), the usage chunk it asked for is removed from what the
-client receives, and the ``timings`` llama-server then puts on it go back onto the sequence's finishing
-chunk, where they are without ``include_usage``: the client sees the stream it would have had.
-
-Cost: chunks are searched for a few byte markers; only the few events that carry usage (one or two per
-sequence) are parsed as JSON. Complete events only: an unfinished one waits for its end.
+Cost: nothing per chunk. A stream's meter already searches every chunk for the child's own count, and
+keeps the chunks that carry it (``StreamMeter.reports``, ``EventMeter.reports``): a sequence's last one
+or two. Those alone are parsed as JSON, once, after the stream.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,19 @@ class Usage:
     cached: int = 0
     completion: int = 0
     reported: bool = False
+    # A chat stream without usage: each sequence's latest timings, by choice index (prompt_n, cache_n,
+    # predicted_n); ``final`` makes them the usage when no ``usage`` came.
+    timings: dict[int, tuple[int, int, int]] | None = None
+
+    def final(self) -> Usage:
+        if self.reported or not self.timings:
+            return self
+        prompt = cached = completion = 0
+        for processed, from_cache, predicted in self.timings.values():
+            prompt += processed + from_cache
+            cached += from_cache
+            completion += predicted
+        return Usage(prompt, cached, completion, reported=True)
 
 
 def _int(value: Any) -> int:
@@ -70,8 +85,19 @@ def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
         usage.completion += _int(u.get("completion_tokens"))
         usage.cached += _int(_dict(u.get("prompt_tokens_details")).get("cached_tokens"))
         usage.reported = True
-    elif (progress := obj.get("prompt_progress")) is not None and not usage.reported:
-        usage.prompt = max(usage.prompt, _int(_dict(progress).get("total")))
+        return
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        choices = obj.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        index = first.get("index", 0) if isinstance(first, dict) else 0
+        if usage.timings is None:
+            usage.timings = {}
+        usage.timings[index if isinstance(index, int) else 0] = (
+            _int(timings.get("prompt_n")),
+            _int(timings.get("cache_n")),
+            _int(timings.get("predicted_n")),
+        )
 
 
 def _native_event(obj: dict[str, Any], usage: Usage) -> None:
@@ -80,8 +106,6 @@ def _native_event(obj: dict[str, Any], usage: Usage) -> None:
         usage.completion += _int(obj.get("tokens_predicted"))
         usage.cached += _int(_dict(obj.get("timings")).get("cache_n"))
         usage.reported = True
-    elif (progress := obj.get("prompt_progress")) is not None and not usage.reported:
-        usage.prompt = max(usage.prompt, _int(_dict(progress).get("total")))
 
 
 def _responses_usage(u: dict[str, Any], usage: Usage) -> None:
@@ -125,26 +149,58 @@ def _anthropic_whole(obj: dict[str, Any], usage: Usage) -> None:
         usage.reported = True
 
 
+# llama-server writes compact JSON (nlohmann's dump): an OpenAI stream's report is read from its bytes
+# with these, as the stream meters read counts (``proxy.streams.openai``); a whole parse of the chunk
+# cost the proxy more than the rest of the ledger together. ``"prompt_tokens":`` is not
+# ``"prompt_tokens_details":`` (the colon follows the quote).
+_FIGURES = {
+    name: re.compile(rb'"' + name.encode() + rb'":(\d+)')
+    for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "prompt_n", "cache_n", "predicted_n")
+}
+_INDEX = re.compile(rb'"index":(\d+)')
+
+
+def _figure(name: str, event: bytes) -> int:
+    found = _FIGURES[name].search(event)
+    return int(found.group(1)) if found else 0
+
+
+def _openai_report(event: bytes, usage: Usage) -> None:
+    """One event of an OpenAI stream that has a marker: its usage, else its timings (by choice)."""
+    if b'"usage":{' in event:
+        usage.prompt += _figure("prompt_tokens", event)
+        usage.completion += _figure("completion_tokens", event)
+        usage.cached += _figure("cached_tokens", event)
+        usage.reported = True
+        return
+    index = _INDEX.search(event)
+    if usage.timings is None:
+        usage.timings = {}
+    usage.timings[int(index.group(1)) if index else 0] = (
+        _figure("prompt_n", event),
+        _figure("cache_n", event),
+        _figure("predicted_n", event),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class UsageFormat:
     """How one stream dialect reports usage (``proxy.streams.formats`` gives each format one)."""
 
-    # Byte markers of the events worth parsing; an event without any of them is never parsed.
+    # One of these is in every event that reports usage: of a stream's report chunks, only the events
+    # that have one are parsed.
     markers: tuple[bytes, ...]
     event: Reader
     whole: Reader
-    # The dialect can be asked for usage in a stream (OpenAI's stream_options.include_usage).
-    asks: bool = False
+    # Reads a stream's report event from its bytes (instead of ``event`` on the parsed JSON).
+    report: Callable[[bytes, Usage], None] | None = None
 
 
-OPENAI_USAGE = UsageFormat((b'"usage":{', b'"prompt_progress"'), _openai_event, _openai_event, asks=True)
-NATIVE_USAGE = UsageFormat((b'"tokens_evaluated"', b'"prompt_progress"'), _native_event, _native_event)
+OPENAI_USAGE = UsageFormat((b'"usage":{', b'"timings":{'), _openai_event, _openai_event, _openai_report)
+NATIVE_USAGE = UsageFormat((b'"tokens_evaluated":',), _native_event, _native_event)
 RESPONSES_USAGE = UsageFormat((b'"response.completed"',), _responses_event, _responses_whole)
-ANTHROPIC_USAGE = UsageFormat((b'"message_start"', b'"message_delta"'), _anthropic_event, _anthropic_whole)
+ANTHROPIC_USAGE = UsageFormat((b'"message_',), _anthropic_event, _anthropic_whole)  # _start, _delta
 EMBEDDING_USAGE = UsageFormat((b'"usage":{',), _openai_event, _openai_event)
-
-_ADDED_USAGE = b'"choices":[]'
-_FINISH = b'"finish_reason":"'
 
 
 def _data(event: bytes) -> dict[str, Any] | None:
@@ -159,90 +215,26 @@ def _data(event: bytes) -> dict[str, Any] | None:
 
 
 class UsageTap:
-    """The usage of one answer, read on its way to the client. ``feed`` takes the child's raw stream
-    chunks and gives back what may be sent on (the same bytes, unless ``strip``); ``flush`` at the end;
-    ``whole`` a whole answer's body; ``answered`` the proxy's assembled answer. ``start`` begins again
-    (a new attempt at the request: only the last one's usage is the request's)."""
+    """The usage of one answer: a whole answer's body (``whole``), the proxy's assembled answer
+    (``answered``), or, when neither came, a stream's report chunks as its meter kept them
+    (``proxy.streams.openai.StreamMeter.reports``), read by ``result``. ``start`` begins again (a new
+    attempt at the request: only the last one's usage is the request's)."""
 
-    __slots__ = ("_held", "_pending", "fmt", "strip", "usage")
+    __slots__ = ("_answered", "fmt", "usage")
 
-    def __init__(self, fmt: UsageFormat, *, strip: bool = False) -> None:
+    def __init__(self, fmt: UsageFormat) -> None:
         self.fmt = fmt
-        self.strip = strip
         self.usage = Usage()
-        self._pending = b""  # the start of an event whose end has not arrived
-        self._held = b""  # stripping: a finishing event, kept until we know what follows it
+        self._answered = False
 
     def start(self) -> None:
         self.usage = Usage()
-        self._pending = self._held = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        # The usual case: llama-server writes whole events, and most carry no usage.
-        if (
-            not self._pending
-            and not self._held
-            and chunk.endswith(b"\n\n")
-            and not any(m in chunk for m in self.fmt.markers)
-            and not (self.strip and _FINISH in chunk)
-        ):
-            return chunk
-        data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return b"" if self.strip else chunk
-        ready, self._pending = data[:end], data[end + 2 :]
-        if not self.strip:
-            self._read(ready)
-            return chunk
-        return self._rewrite(ready)
-
-    def flush(self) -> bytes:
-        """The end of the stream: what was held back, and an unfinished last event as it is."""
-        rest, self._pending = self._pending, b""
-        if rest and any(m in rest for m in self.fmt.markers) and (obj := _data(rest)) is not None:
-            self.fmt.event(obj, self.usage)
-        if not self.strip:
-            return b""
-        held, self._held = self._held, b""
-        return (held + b"\n\n" if held else b"") + rest
-
-    def _read(self, ready: bytes) -> None:
-        markers = self.fmt.markers
-        if not any(m in ready for m in markers):
-            return
-        for event in ready.split(b"\n\n"):
-            if any(m in event for m in markers) and (obj := _data(event)) is not None:
-                self.fmt.event(obj, self.usage)
-
-    def _rewrite(self, ready: bytes) -> bytes:
-        """Complete events (without their blank lines), less the added usage chunks; a finishing
-        event is held back until the next event shows whether the timings must join it."""
-        out: list[bytes] = []
-        markers = self.fmt.markers
-        for event in ready.split(b"\n\n"):
-            obj = _data(event) if any(m in event for m in markers) else None
-            if obj is not None:
-                self.fmt.event(obj, self.usage)
-                if _ADDED_USAGE in event and "usage" in obj:
-                    timings = obj.get("timings")
-                    if self._held.endswith(b"}") and isinstance(timings, dict):
-                        extra = json.dumps(timings, separators=(",", ":")).encode()
-                        self._held = self._held[:-1] + b',"timings":' + extra + b"}"
-                    continue  # the chunk the proxy asked for is not the client's
-            if self._held:
-                out.append(self._held)
-                self._held = b""
-            if _FINISH in event:
-                self._held = event
-            else:
-                out.append(event)
-        return b"".join(e + b"\n\n" for e in out)
+        self._answered = False
 
     def whole(self, body: bytes) -> None:
         """A whole answer (a JSON object; llama-server's native answer to a prompt array: an array)."""
-        self.usage = Usage()
+        self.start()
+        self._answered = True
         try:
             value = json.loads(body)
         except ValueError:
@@ -253,5 +245,23 @@ class UsageTap:
 
     def answered(self, answer: dict[str, Any]) -> None:
         """The answer the proxy assembled from the child's stream: its usage is what the client gets."""
-        self.usage = Usage()
+        self.start()
+        self._answered = True
         self.fmt.whole(answer, self.usage)
+
+    def result(self, reports: Sequence[bytes] = ()) -> Usage:
+        """What the answer reported; for a stream, read from ``reports`` (its meter's report chunks;
+        timings made usage where it sent no ``usage``)."""
+        if not self._answered and reports:
+            usage = self.usage = Usage()
+            fmt = self.fmt
+            data = reports[0] if len(reports) == 1 else b"".join(reports)
+            for event in data.split(b"\n\n") if data.count(b"\n\n") > 1 else (data,):
+                for marker in fmt.markers:
+                    if marker in event:
+                        if fmt.report is not None:
+                            fmt.report(event, usage)
+                        elif (obj := _data(event)) is not None:
+                            fmt.event(obj, usage)
+                        break
+        return self.usage.final()

@@ -1,13 +1,12 @@
-"""Reading what an answer used, in each dialect llama-server speaks, from the bytes as they arrive; and
-the usage chunk the proxy asked for, taken out again with its timings put back where they belong."""
+"""Reading what an answer used, in each dialect llama-server speaks: a stream through its own meter (the
+chunks that carry the child's figures are kept on the way and read once it is over), a whole answer,
+and the proxy's assembled one."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
-from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT
+from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT, StreamFormat
 from proxy.streams.usage import Usage, UsageTap
 
 
@@ -45,62 +44,64 @@ def usage_chunk(prompt: int, completion: int, cached: int, timings: bool = True)
 DONE = b"data: [DONE]\n\n"
 
 
-def run(tap: UsageTap, chunks: list[bytes]) -> bytes:
+def run(tap: UsageTap, chunks: list[bytes], fmt: StreamFormat = OPENAI) -> Usage:
+    """A stream as the relay sees it: each chunk through the format's meter; then what the tap reads."""
+    meter = fmt.meter()
+    for i, c in enumerate(chunks):
+        meter.feed(c, float(i))
     tap.start()
-    out = b"".join(tap.feed(c) for c in chunks)
-    return out + tap.flush()
+    return tap.result(meter.reports)
 
 
-def in_pieces(data: bytes, size: int) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-def test_a_stream_that_asked_for_usage_passes_unchanged_and_its_usage_is_read() -> None:
+def test_a_stream_that_asked_for_usage_is_read_from_its_usage_chunk() -> None:
     stream = [token("Hi"), token(" there"), finish(), usage_chunk(5, 2, 2), DONE]
-    tap = UsageTap(OPENAI.usage)
-    assert run(tap, stream) == b"".join(stream)
-    assert tap.usage == Usage(prompt=5, cached=2, completion=2, reported=True)
+    assert run(UsageTap(OPENAI.usage), stream) == Usage(5, 2, 2, reported=True)
+    # Several events in one read, as llama-server writes a result's last events together.
+    assert run(UsageTap(OPENAI.usage), [b"".join(stream)]) == Usage(5, 2, 2, reported=True)
 
 
-@pytest.mark.parametrize("size", [1, 7, 64, 10_000])
-def test_the_added_usage_chunk_is_removed_and_its_timings_go_back_to_the_finishing_chunk(size: int) -> None:
-    """Byte for byte what the client gets without include_usage: llama-server then puts the timings on
-    the finishing chunk (tools/server/server-task.cpp: ``deltas.back()["timings"]``)."""
-    asked = token("Hi") + token(" there") + finish() + usage_chunk(5, 2, 2) + DONE
-    tap = UsageTap(OPENAI.usage, strip=True)
-    out = run(tap, in_pieces(asked, size))
-    lines = [json.loads(line[6:]) for line in out.decode().split("\n\n") if line.startswith("data: {")]
-    assert [e["choices"][0].get("finish_reason") for e in lines] == [None, None, "stop"]
-    assert lines[-1]["timings"] == {"cache_n": 2, "prompt_n": 3, "predicted_n": 2}
-    assert not any("usage" in e for e in lines) and out.endswith(DONE)
-    assert tap.usage == Usage(prompt=5, cached=2, completion=2, reported=True)
+def test_a_stream_that_did_not_is_read_from_the_timings_of_its_last_chunk() -> None:
+    """``cache_n + prompt_n`` is the prompt, ``cache_n`` its cached part, ``predicted_n`` the completion:
+    the counters llama-server's usage is made of (proxy.streams.usage says where)."""
+    stream = [token("Hi"), token(" there"), finish(timings=True), DONE]
+    assert run(UsageTap(OPENAI.usage), stream) == Usage(5, 2, 2, reported=True)
+    # An answer with no text at all (its first token an end of generation) still reports its prompt.
+    assert run(UsageTap(OPENAI.usage), [finish(timings=True), DONE]) == Usage(5, 2, 2, reported=True)
 
 
-def test_several_sequences_each_with_a_usage_chunk_are_summed() -> None:
-    stream = [
-        token("a", 0) + token("b", 1),
-        finish(0) + usage_chunk(4, 1, 0, timings=False),
-        finish(1) + usage_chunk(4, 1, 4, timings=False),
-        DONE,
+def test_a_report_cut_across_two_reads_after_its_marker_is_put_together() -> None:
+    last = finish(timings=True)
+    cut = last.index(b'"timings"') + 12
+    stream = [token("Hi"), last[:cut], last[cut:], DONE]
+    assert run(UsageTap(OPENAI.usage), stream) == Usage(5, 2, 2, reported=True)
+
+
+def test_usage_wins_over_the_timings_on_the_same_chunk() -> None:
+    # With include_usage, llama-server puts the timings on the usage chunk: counted once.
+    assert run(UsageTap(OPENAI.usage), [finish(), usage_chunk(5, 2, 2), DONE]) == Usage(
+        5, 2, 2, reported=True
+    )
+
+
+def test_several_sequences_are_summed_and_per_token_timings_count_once_each() -> None:
+    with_usage = [finish(0) + usage_chunk(4, 1, 0, timings=False), finish(1) + usage_chunk(4, 1, 4), DONE]
+    assert run(UsageTap(OPENAI.usage), with_usage) == Usage(prompt=8, cached=4, completion=2, reported=True)
+    # timings_per_token: every chunk of a sequence has its running timings; the last ones count.
+    running = [
+        event(
+            {
+                "choices": [{"delta": {"content": "a"}, "index": i}],
+                "timings": {"prompt_n": 3, "cache_n": 1, "predicted_n": n},
+            }
+        )
+        for n in (1, 2, 3)
+        for i in (0, 1)
     ]
-    tap = UsageTap(OPENAI.usage, strip=True)
-    out = run(tap, stream)
-    assert tap.usage == Usage(prompt=8, cached=4, completion=2, reported=True)
-    assert out.count(b'"finish_reason":"stop"') == 2 and b'"usage"' not in out
+    assert run(UsageTap(OPENAI.usage), running) == Usage(prompt=8, cached=2, completion=6, reported=True)
 
 
 def test_a_stream_cut_short_has_no_reported_usage() -> None:
-    tap = UsageTap(OPENAI.usage, strip=True)
-    out = run(tap, [token("a"), token("b")])
-    assert out == token("a") + token("b")
-    assert tap.usage == Usage()
-
-
-def test_progress_events_of_a_request_cut_short_tell_its_prompt() -> None:
-    progress = event({"choices": [], "prompt_progress": {"total": 120, "cache": 0, "processed": 64}})
-    tap = UsageTap(OPENAI.usage)
-    run(tap, [progress, token("a")])
-    assert tap.usage == Usage(prompt=120, reported=False)
+    assert run(UsageTap(OPENAI.usage), [token("a"), token("b")]) == Usage()
 
 
 def test_native_streams_report_the_prompt_in_tokens_evaluated_and_the_cache_in_timings() -> None:
@@ -114,9 +115,9 @@ def test_native_streams_report_the_prompt_in_tokens_evaluated_and_the_cache_in_t
             "timings": {"cache_n": 4, "prompt_n": 7, "predicted_n": 6},
         }
     )
-    tap = UsageTap(NATIVE.usage)
-    run(tap, in_pieces(event({"content": "x", "stop": False}) + last, 5))
-    assert tap.usage == Usage(prompt=11, cached=4, completion=6, reported=True)
+    assert run(UsageTap(NATIVE.usage), [event({"content": "x", "stop": False}), last], NATIVE) == Usage(
+        11, 4, 6, True
+    )
     # A whole native answer to a prompt array is a list of such objects.
     whole = UsageTap(NATIVE.usage)
     whole.whole(json.dumps([json.loads(last[6:]), json.loads(last[6:])]).encode())
@@ -130,19 +131,18 @@ def test_responses_and_anthropic_streams_and_answers() -> None:
             "usage": {"input_tokens": 9, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 5}}
         },
     }
-    tap = UsageTap(RESPONSES.usage)
-    run(
-        tap,
-        [event({"type": "response.output_text.delta", "delta": "x"}), event(completed, "response.completed")],
-    )
-    assert tap.usage == Usage(prompt=9, cached=5, completion=3, reported=True)
+    text = event({"type": "response.output_text.delta", "delta": "x"}, "response.output_text.delta")
+    got = run(UsageTap(RESPONSES.usage), [text, event(completed, "response.completed")], RESPONSES)
+    assert got == Usage(prompt=9, cached=5, completion=3, reported=True)
 
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 4, "cache_read_input_tokens": 6}}}
+    # As llama-server's message_start: output_tokens 0 beside the input (server-task.cpp).
+    usage = {"input_tokens": 4, "cache_read_input_tokens": 6, "output_tokens": 0}
+    start = {"type": "message_start", "message": {"usage": usage}}
     delta = {"type": "message_delta", "usage": {"output_tokens": 7}}
-    tap = UsageTap(ANTHROPIC.usage)
-    run(tap, [event(start, "message_start"), event(delta, "message_delta")])
+    chunks = [event(start, "message_start"), event(delta, "message_delta")]
+    got = run(UsageTap(ANTHROPIC.usage), chunks, ANTHROPIC)
     # Anthropic's input_tokens leaves the cached part out; the ledger's prompt tokens include it.
-    assert tap.usage == Usage(prompt=10, cached=6, completion=7, reported=True)
+    assert got == Usage(prompt=10, cached=6, completion=7, reported=True)
     whole = UsageTap(ANTHROPIC.usage)
     whole.whole(b'{"usage":{"input_tokens":4,"cache_read_input_tokens":6,"output_tokens":7}}')
     assert whole.usage == Usage(prompt=10, cached=6, completion=7, reported=True)
