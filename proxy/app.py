@@ -3,7 +3,8 @@
 The request path is kept short on purpose (the proxy's whole budget is a fraction of a millisecond):
 ``CorsMiddleware`` (a no-op unless ``proxy.cors`` lists origins) and ``RequestContextMiddleware``
 (request id, error mapping, access log, metrics) around a dict lookup from path to a pure-ASGI endpoint
-(one per row of ``proxy.routes.table``). Starlette's default stack (ServerErrorMiddleware,
+(one per row of ``proxy.routes.table``; a row whose path ends in one parameter, ``/admin/keys/{id}``,
+is found by its prefix when the exact lookup misses). Starlette's default stack (ServerErrorMiddleware,
 ExceptionMiddleware and a regex router) is not on the request path; its router still handles lifespan.
 Nothing in the chain buffers a response body. ``app.add_middleware`` therefore has no effect on
 requests: add layers here.
@@ -24,10 +25,11 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
+from proxy.accounts.service import Accounts
 from proxy.admission.gate import Admission
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.metrics.proxy import AdmissionCollector, ProxyMetrics, Refreshable
+from proxy.metrics.proxy import AdmissionCollector, LedgerCollector, ProxyMetrics, Refreshable
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
@@ -110,14 +112,18 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     extra_collectors: Iterable[Collector] = (),
+    accounts: Accounts | None = None,
 ) -> Starlette:
     """The proxy app. ``source``: the daemon as a whole (readiness, draining, identity); ``models``: at
     least one served model, each with its own source (one model's daemon: a list of one). ``registry``:
     where the proxy's series go (a fresh one by default, never the global default);
-    ``extra_collectors``: more series for the same ``/metrics``."""
+    ``extra_collectors``: more series for the same ``/metrics``. ``accounts``: the store's keys, budgets
+    and ledger, opened and started by the caller, who also flushes and closes them (None: no store)."""
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = ProxyMetrics(registry)
-    state = ProxyState(settings, source, models, metrics)
+    state = ProxyState(settings, source, models, metrics, accounts)
+    if accounts is not None:
+        registry.register(LedgerCollector(accounts.stats))
 
     def gates() -> dict[str, Admission]:
         return {name: lane.admission for name, lane in state.router.lanes.items()}

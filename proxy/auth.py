@@ -5,6 +5,9 @@ is what the config stores beside the digest and what logs show, and it makes loo
 hashing the presented key against every stored digest. The digest is ``sha256:<hex>`` of the whole key
 string; comparison is ``hmac.compare_digest`` of digests, so the time taken does not depend on how much
 of a guess was right. A key absent from the config is revoked: reload the config (SIGHUP) to revoke.
+Keys made at run time live in the accounts store (``proxy.accounts``); ``KeyTable.authenticate`` asks
+its view (``lookup``) for a well-formed key the config does not hold, so every key, wherever it lives,
+gets the same checks and the same 401.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import hmac
 import ipaddress
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from proxy.errors import Forbidden, Unauthorized
-from proxy.settings import KeyEntry, Scope
+from proxy.settings import BudgetSettings, KeyEntry, Scope
 
 # Who may call a route (``proxy.routes.table``): no credentials at all, a key with that scope, or any key
 # (inference or admin).
@@ -31,11 +34,20 @@ _KEY_RE = re.compile(r"lg_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is asking: logs and metrics carry ``tenant`` and ``key_id``, never the key."""
+    """Who is asking: logs and metrics carry ``tenant`` and ``key_id``, never the key. A store key may
+    also be limited to some of its tenant's models (``models``; () = all of them) and carry budgets of
+    its own (``budgets``; None for the config's keys, which have none)."""
 
     tenant: str
     key_id: str
     scopes: frozenset[Scope]
+    models: tuple[str, ...] = ()
+    budgets: BudgetSettings | None = None
+
+
+# A lookup of a well-formed key the config's table does not hold (the accounts store's view), by its id
+# and the whole key: the principal, or None for an unknown, revoked or expired key (one 401 for all).
+Lookup = Callable[[str, str], "Principal | None"]
 
 
 def key_digest(key: str) -> str:
@@ -58,6 +70,9 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+_UNKNOWN = "unknown or revoked API key"
+
+
 class KeyTable:
     """The request-time check. Immutable once built; a reload builds a new table and swaps it in."""
 
@@ -70,7 +85,9 @@ class KeyTable:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def authenticate(self, authorization: bytes | None, client_host: str | None) -> Principal:
+    def authenticate(
+        self, authorization: bytes | None, client_host: str | None, lookup: Lookup | None = None
+    ) -> Principal:
         if authorization is None:
             if self._anonymous is not None and _is_loopback(client_host):
                 return self._anonymous
@@ -88,10 +105,15 @@ class KeyTable:
         if match is None:
             raise Unauthorized("malformed API key")
         entry = self._by_id.get(match.group(1))
+        if entry is None and lookup is not None:
+            found = lookup(match.group(1), token)
+            if found is None:
+                raise Unauthorized(_UNKNOWN)
+            return found
         # The digest comparison runs even when the id is unknown, so both refusals take the same time.
         expected = entry.digest if entry is not None else "sha256:" + "0" * 64
         if not hmac.compare_digest(key_digest(token), expected) or entry is None:
-            raise Unauthorized("unknown or revoked API key")
+            raise Unauthorized(_UNKNOWN)
         return Principal(entry.tenant, entry.key_id, entry.scopes)
 
 

@@ -3,7 +3,8 @@
 What belongs to the door rather than to one model: settings, keys and tenants, every tenant's total
 across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
 connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
-of requests being handled (for the drain) and the listener's state (``door``, for /readyz).
+of requests being handled (for the drain), the listener's state (``door``, for /readyz) and, with a store,
+the accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -13,9 +14,11 @@ models, and ``active``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from proxy.accounts.service import Accounts, MemoryBudgets, has_budgets
 from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
@@ -43,6 +46,7 @@ class ProxyState:
         source: UpstreamSource,
         models: Sequence[ModelEntry],
         metrics: ProxyMetrics,
+        accounts: Accounts | None = None,
     ) -> None:
         if not models:
             raise ValueError("the proxy serves at least one model")
@@ -60,10 +64,18 @@ class ProxyState:
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
         # A tenant's slots across every model (tenants[].max_concurrency_total).
         self.totals = TenantTotals()
+        # Opened and started by the daemon (it owns the store's life); None: no store configured.
+        self.accounts = accounts
+        self._lookup = self._store_key if accounts is not None else None
+        # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
+        # budgets kept in memory, else nothing (``proxy.routes.charge``).
+        self.book: Accounts | MemoryBudgets | None = accounts
         self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
 
     def _apply(self, settings: ProxySettings) -> None:
+        if self.book is None and has_budgets(settings.tenants):
+            self.book = MemoryBudgets(settings.tenants)
         self.settings = settings
         self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
         self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
@@ -75,6 +87,8 @@ class ProxyState:
         self.upstream.timeouts = settings.timeouts
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
         self.router.reload(settings.tenants)
+        if self.book is not None:
+            self.book.reconfigure(settings.tenants)  # new limits; the windows keep their counts
 
     @property
     def in_flight(self) -> int:
@@ -117,10 +131,16 @@ class ProxyState:
         and whether their key may use a route of this ``access``."""
         if access == "none":
             return NOBODY
-        principal = self.keys.authenticate(ctx.authorization, ctx.client_host)
+        principal = self.keys.authenticate(ctx.authorization, ctx.client_host, self._lookup)
         ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
         require(principal, access)
         return principal
+
+    def _store_key(self, key_id: str, token: str) -> Principal | None:
+        """A key the config does not hold, from the store's view (in memory; revoked and expired: None)."""
+        assert self.accounts is not None
+        key = self.accounts.find_key(key_id, token, time.time())
+        return key.principal if key is not None else None
 
     def tenant(self, name: str) -> TenantSettings:
         settings = self.tenants.get(name)

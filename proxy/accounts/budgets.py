@@ -53,20 +53,31 @@ _TOKENS: tuple[BudgetName, ...] = ("tokens_per_minute", "tokens_per_day")
 # Refused because requests still running hold the window: when they end is unknown; they are answers
 # in progress, so a second is a fair guess, and the SDKs retry on their own.
 IN_FLIGHT_RETRY_S = 1.0
+_PLAN_CACHE = 10_000
+_NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
 
 WindowId = tuple[Subject, str, BudgetName]
 
 
-@dataclass(eq=False, slots=True)
 class Ticket:
-    """One admitted request's claim on the budgets; charge or release it exactly once."""
+    """One admitted request's claim on the budgets; charge or release it exactly once. (A plain class:
+    one is made per request, and a dataclass's generated ``__init__`` costs more.)"""
 
-    tenant: str
-    key_id: str
-    reserve: int | None
-    # (window, True when this request is that window's overshooter, else it holds ``reserve``)
-    holds: tuple[tuple[WindowId, bool], ...] = ()
-    settled: bool = False
+    __slots__ = ("headers", "holds", "key_budgets", "key_id", "reserve", "settled", "tenant")
+
+    def __init__(
+        self, tenant: str, key_id: str, reserve: int | None, key_budgets: BudgetSettings | None = None
+    ) -> None:
+        self.tenant = tenant
+        self.key_id = key_id
+        self.reserve = reserve
+        self.key_budgets = key_budgets
+        # (a window's holds, True when this request is its overshooter, else it holds ``reserve``)
+        self.holds: tuple[tuple[_Holds, bool], ...] = ()
+        self.settled = False
+        # OpenAI's rate-limit headers as admission left the windows (this request's hold counted), for
+        # its answer, as ASGI header lines; empty without budgets.
+        self.headers: tuple[tuple[bytes, bytes], ...] = _NO_LINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +123,27 @@ class _Holds:
     overshooter: Ticket | None = None
 
 
+_HEADER_NAMES = {
+    kind: (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+    for kind in ("requests", "tokens")
+}
+
+
+_HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
+_DURATION_BYTES: dict[int, bytes] = {}
+
+
+def _duration(seconds: float) -> bytes:
+    """``openai_duration``, remembered by the millisecond (answers a moment apart share their resets)."""
+    ms = max(0, math.ceil(seconds * 1000))
+    text = _DURATION_BYTES.get(ms)
+    if text is None:
+        if len(_DURATION_BYTES) >= 10_000:
+            _DURATION_BYTES.clear()
+        text = _DURATION_BYTES[ms] = openai_duration(ms / 1000).encode()
+    return text
+
+
 def openai_duration(seconds: float) -> str:
     """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``250ms``, ``1.5s``, ``6m0s``."""
     ms = max(0, math.ceil(seconds * 1000))
@@ -126,11 +158,18 @@ def openai_duration(seconds: float) -> str:
     return out + f"{secs}s"
 
 
-@dataclass(slots=True)
-class _Pick:
-    remaining: int
-    limit: int
-    reset_s: float
+@dataclass(eq=False, slots=True)
+class _Plan:
+    """What one (tenant, key, key's budgets) touches, looked up once: the windows its limits check, and
+    the windows it is charged into (every tenant and key has windows, budget or not). Valid while the
+    windows it holds are the ones in ``Budgets._windows`` (``generation``)."""
+
+    generation: int
+    key_budgets: BudgetSettings | None
+    # (window id, window, limit, its holds: None for requests_per_minute, which holds nothing)
+    limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...]
+    requests: tuple[tuple[WindowId, Window], ...]
+    tokens: tuple[tuple[WindowId, Window], ...]
 
 
 @dataclass
@@ -143,10 +182,16 @@ class Budgets:
     _holds: dict[WindowId, _Holds] = field(default_factory=dict, repr=False)
     _dirty: dict[tuple[WindowId, float], None] = field(default_factory=dict, repr=False)  # (window, group)
     _unsaved: dict[tuple[WindowId, float], WindowEntry] = field(default_factory=dict, repr=False)
+    # Every request asks for its caller's windows: found once per caller, not per request. A sweep that
+    # drops windows, a restore and a reload make them be found again (``_generation``).
+    _plans: dict[tuple[str, str], _Plan] = field(default_factory=dict, repr=False)
+    _generation: int = 0
 
     def configure(self, tenants: Mapping[str, BudgetSettings]) -> None:
         """New limits (a reload); the windows, their counts and the holds stay."""
-        self.tenants = dict(tenants)
+        with self._lock:
+            self.tenants = dict(tenants)
+            self._generation += 1
 
     def _window(self, wid: WindowId) -> Window:
         window = self._windows.get(wid)
@@ -154,10 +199,23 @@ class Budgets:
             window = self._windows[wid] = Window(*SPANS[wid[2]])
         return window
 
-    def _limits(
-        self, tenant: str, key_id: str, key_budgets: BudgetSettings | None
-    ) -> list[tuple[WindowId, int]]:
-        out: list[tuple[WindowId, int]] = []
+    def _holds_of(self, wid: WindowId) -> _Holds:
+        holds = self._holds.get(wid)
+        if holds is None:
+            holds = self._holds[wid] = _Holds()
+        return holds
+
+    def _plan(self, tenant: str, key_id: str, key_budgets: BudgetSettings | None) -> _Plan:
+        """Under the lock."""
+        plan = self._plans.get((tenant, key_id))
+        # ``is`` first: the key view hands the same budgets object for a key until it changes.
+        if (
+            plan is not None
+            and plan.generation == self._generation
+            and (plan.key_budgets is key_budgets or plan.key_budgets == key_budgets)
+        ):
+            return plan
+        limits: list[tuple[WindowId, Window, int, _Holds | None]] = []
         subjects: tuple[tuple[Subject, str, BudgetSettings | None], ...] = (
             ("tenant", tenant, self.tenants.get(tenant)),
             ("key", key_id, key_budgets),
@@ -168,16 +226,29 @@ class Budgets:
             for budget in BUDGET_NAMES:
                 limit: int | None = getattr(budgets, budget)
                 if limit is not None:
-                    out.append(((subject, name, budget), limit))
-        return out
+                    wid: WindowId = (subject, name, budget)
+                    holds = None if budget == "requests_per_minute" else self._holds_of(wid)
+                    limits.append((wid, self._window(wid), limit, holds))
 
-    def _charge_all(
-        self, tenant: str, key_id: str, budgets: Iterable[BudgetName], amount: int, now: float
-    ) -> None:
-        for budget in budgets:
-            wids: tuple[WindowId, WindowId] = (("tenant", tenant, budget), ("key", key_id, budget))
-            for wid in wids:
-                group = self._window(wid).add(now, amount)
+        def windows(budgets: Iterable[BudgetName]) -> tuple[tuple[WindowId, Window], ...]:
+            subjects: tuple[tuple[Subject, str], ...] = (("tenant", tenant), ("key", key_id))
+            return tuple((w, self._window(w)) for b in budgets for w in ((s, n, b) for s, n in subjects))
+
+        plan = _Plan(
+            self._generation, key_budgets, tuple(limits), windows(("requests_per_minute",)), windows(_TOKENS)
+        )
+        if len(self._plans) >= _PLAN_CACHE:
+            self._plans = {}  # keys come and go: a bound, not an eviction policy
+        self._plans[(tenant, key_id)] = plan
+        return plan
+
+    def _add(self, windows: tuple[tuple[WindowId, Window], ...], amount: int, now: float) -> None:
+        """Under the lock: charge ``amount`` into each window; a group changed since the last batch is
+        marked for the writer once, not at every charge."""
+        for wid, window in windows:
+            group = window.add(now, amount)
+            if window.marked != group:
+                window.marked = group
                 self._dirty[(wid, group)] = None
 
     def check(
@@ -191,24 +262,31 @@ class Budgets:
     ) -> Ticket | Refusal:
         """Admit a request (a ``Ticket``, which counts it against ``requests_per_minute`` now) or refuse
         it (the refusal whose wait is longest, so that a retry then finds room in every budget)."""
-        limits = self._limits(tenant, key_id, key_budgets)
-        ticket = Ticket(tenant, key_id, reserve)
+        ticket = Ticket(tenant, key_id, reserve, key_budgets)
         with self._lock:
-            holds: list[tuple[WindowId, bool]] = []
+            plan = self._plan(tenant, key_id, key_budgets)
+            if not plan.limits:  # no budget at all: counted, nothing to check
+                self._add(plan.requests, 1, now)
+                return ticket
+            holds: list[tuple[_Holds, bool]] = []
             refusal: Refusal | None = None
-            for wid, limit in limits:
-                window = self._window(wid)
+            # The headers' figures as admitting it leaves them, found on the way: kind -> (remaining,
+            # limit, window), the budget with the least room left of each kind.
+            picks: dict[str, tuple[int, int, Window]] = {}
+            for wid, window, limit, h in plan.limits:
                 used = window.used(now)
-                if wid[2] == "requests_per_minute":
+                if h is None:  # requests_per_minute
                     if used >= limit:
                         after = window.wait_below(now, limit) or 0.0
                         refusal = _longest(refusal, Refusal(wid[0], wid[1], wid[2], limit, used, after))
-                    continue
-                h = self._holds.get(wid) or _Holds()
-                if reserve is not None and used + h.held + reserve <= limit:
-                    holds.append((wid, False))
+                        continue
+                    kind, remaining = "requests", limit - used - 1
+                elif reserve is not None and used + h.held + reserve <= limit:
+                    holds.append((h, False))
+                    kind, remaining = "tokens", limit - used - h.held - reserve
                 elif h.overshooter is None and used + h.held < limit:
-                    holds.append((wid, True))
+                    holds.append((h, True))
+                    kind, remaining = "tokens", limit - used - h.held
                 else:
                     # Room once enough charged tokens expire, given the holds stay; holds alone, or the
                     # overshooter still running: at least the in-flight guess.
@@ -218,15 +296,19 @@ class Budgets:
                         after = max(after, IN_FLIGHT_RETRY_S)
                     why = Refusal(wid[0], wid[1], wid[2], limit, used, after, in_flight=used < limit)
                     refusal = _longest(refusal, why)
+                    continue
+                best = picks.get(kind)
+                if best is None or remaining < best[0]:
+                    picks[kind] = (remaining, limit, window)
             if refusal is not None:
                 return refusal
-            for wid, over in holds:
-                h = self._holds.setdefault(wid, _Holds())
+            for h, over in holds:
                 if over:
                     h.overshooter = ticket
                 else:
                     h.held += reserve or 0
-            self._charge_all(tenant, key_id, ("requests_per_minute",), 1, now)
+            self._add(plan.requests, 1, now)
+            ticket.headers = _lines(picks, now)
         ticket.holds = tuple(holds)
         return ticket
 
@@ -237,19 +319,14 @@ class Budgets:
             if ticket.settled:
                 return
             ticket.settled = True
-            for wid, over in ticket.holds:
-                h = self._holds.get(wid)
-                if h is None:
-                    continue
+            for h, over in ticket.holds:
                 if over:
                     if h.overshooter is ticket:
                         h.overshooter = None
                 else:
                     h.held -= ticket.reserve or 0
-                if h.held <= 0 and h.overshooter is None:
-                    del self._holds[wid]
             if tokens > 0:
-                self._charge_all(ticket.tenant, ticket.key_id, _TOKENS, tokens, now)
+                self._add(self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets).tokens, tokens, now)
 
     def release(self, ticket: Ticket, now: float) -> None:
         """A request that ended with no usage at all (refused later, timed out in the queue)."""
@@ -260,23 +337,28 @@ class Budgets:
     ) -> dict[str, str]:
         """OpenAI's rate-limit headers for this tenant and key: of all their token budgets (and of all
         their request budgets) the one with the least room left. Empty without budgets."""
-        picks: dict[str, _Pick] = {}
+        return {k.decode(): v.decode() for k, v in self.header_lines(tenant, key_id, now, key_budgets)}
+
+    def header_lines(
+        self, tenant: str, key_id: str, now: float, key_budgets: BudgetSettings | None = None
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """The same headers as ASGI header lines."""
         with self._lock:
-            for wid, limit in self._limits(tenant, key_id, key_budgets):
-                window = self._window(wid)
-                used = window.used(now)
-                kind = "requests" if wid[2] == "requests_per_minute" else "tokens"
-                held = 0 if kind == "requests" else (h.held if (h := self._holds.get(wid)) else 0)
-                pick = _Pick(max(0, limit - used - held), limit, window.reset_in(now))
-                best = picks.get(kind)
-                if best is None or pick.remaining < best.remaining:
-                    picks[kind] = pick
-        out: dict[str, str] = {}
-        for kind, pick in picks.items():
-            out[f"x-ratelimit-limit-{kind}"] = str(pick.limit)
-            out[f"x-ratelimit-remaining-{kind}"] = str(pick.remaining)
-            out[f"x-ratelimit-reset-{kind}"] = openai_duration(pick.reset_s)
-        return out
+            limits = self._plan(tenant, key_id, key_budgets).limits
+            return self._headers(limits, now) if limits else ()
+
+    def _headers(
+        self, limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...], now: float
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """Under the lock."""
+        picks: dict[str, tuple[int, int, Window]] = {}  # kind -> (remaining, limit, window)
+        for _, window, limit, h in limits:
+            kind = "requests" if h is None else "tokens"
+            remaining = limit - window.used(now) - (h.held if h is not None else 0)
+            best = picks.get(kind)
+            if best is None or remaining < best[0]:
+                picks[kind] = (remaining, limit, window)
+        return _lines(picks, now)
 
     def used(self, subject: Subject, name: str, budget: BudgetName, now: float) -> int:
         """What a window counts now (the status page, tests)."""
@@ -292,6 +374,7 @@ class Budgets:
             for e in entries:
                 if e.budget in SPANS:
                     self._window((e.subject, e.name, e.budget)).restore(e.at, e.amount, e.expires)
+            self._generation += 1
 
     def take_dirty(self, now: float) -> list[WindowEntry]:
         """The window groups changed since the last call (one row each, with its current amount), and
@@ -301,13 +384,18 @@ class Budgets:
             self._unsaved.clear()
             for wid, group in self._dirty:
                 window = self._windows.get(wid)
+                if window is not None:
+                    window.marked = None  # its next charge marks it again
                 row = window.persisted(group) if window is not None else None
                 if row is not None and row[1] > now:
                     out[(wid, group)] = WindowEntry(wid[0], wid[1], wid[2], group, row[0], row[1])
             self._dirty.clear()
             for wid in [w for w, window in self._windows.items() if not window.used(now)]:
-                if wid not in self._holds:
+                h = self._holds.get(wid)
+                if h is None or (h.held <= 0 and h.overshooter is None):
                     del self._windows[wid]
+                    self._holds.pop(wid, None)
+                    self._generation += 1  # plans holding it find their windows again
             return list(out.values())
 
     def put_back(self, entries: Iterable[WindowEntry]) -> None:
@@ -315,6 +403,18 @@ class Budgets:
         with self._lock:
             for e in entries:
                 self._unsaved[((e.subject, e.name, e.budget), e.at)] = e
+
+
+def _lines(picks: dict[str, tuple[int, int, Window]], now: float) -> tuple[tuple[bytes, bytes], ...]:
+    out: list[tuple[bytes, bytes]] = []
+    for kind, (remaining, limit, window) in picks.items():
+        names = _HEADER_LINES[kind]
+        out += (
+            (names[0], b"%d" % limit),
+            (names[1], b"%d" % max(0, remaining)),
+            (names[2], _duration(window.reset_in(now))),
+        )
+    return tuple(out)
 
 
 def _longest(current: Refusal | None, new: Refusal) -> Refusal:

@@ -48,7 +48,7 @@ class AccountKey:
     @classmethod
     def of(cls, record: KeyRecord) -> AccountKey:
         return cls(
-            Principal(record.tenant, record.key_id, record.scopes),
+            Principal(record.tenant, record.key_id, record.scopes, record.models, record.budgets),
             record.digest,
             record.models,
             record.budgets,

@@ -24,6 +24,7 @@ from proxy.accounts.records import UsageRecord
 from proxy.accounts.sqlite import open_store
 from proxy.accounts.store import Store
 from proxy.accounts.writer import Retention, StoreWriter
+from proxy.auth import key_digest
 from proxy.settings import BudgetSettings, StoreSettings, TenantSettings
 
 
@@ -83,6 +84,13 @@ class Accounts:
             self.view.touch(key.key_id, now)
         return key
 
+    def find_key(self, key_id: str, token: str, now: float) -> AccountKey | None:
+        """``authenticate`` for a token whose shape (and id) the caller has checked already."""
+        key = self.view.find(key_id, key_digest(token), now)
+        if key is not None:
+            self.view.touch(key_id, now)
+        return key
+
     def admit(
         self,
         tenant: str,
@@ -98,6 +106,12 @@ class Accounts:
         self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
     ) -> dict[str, str]:
         return self.budgets.headers(tenant, key_id, now, key_budgets=key_budgets)
+
+    def header_lines(
+        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """``headers`` as ASGI header lines (what an answer carries)."""
+        return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
     def finish(self, ticket: Ticket | None, record: UsageRecord) -> None:
         """Charge a finished request: its budgets (prompt plus completion tokens) and the ledger."""
@@ -124,3 +138,39 @@ class Accounts:
         flushed = self.writer.flush(timeout_s)
         self.store.close()
         return flushed
+
+
+class MemoryBudgets:
+    """Budgets without a store (``tenants[].budgets`` and no ``store:``): the same admission, headers and
+    charges as ``Accounts`` offers the request path, windows in memory only (they start empty at each
+    start), no ledger, no store keys."""
+
+    def __init__(self, tenants: Iterable[TenantSettings] = ()) -> None:
+        self.budgets = Budgets(tenant_budgets(tenants))
+
+    def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
+        self.budgets.configure(tenant_budgets(tenants))
+
+    def admit(
+        self,
+        tenant: str,
+        key_id: str,
+        now: float,
+        *,
+        key_budgets: BudgetSettings | None = None,
+        reserve: int | None = None,
+    ) -> Ticket | Refusal:
+        return self.budgets.check(tenant, key_id, now, key_budgets=key_budgets, reserve=reserve)
+
+    def header_lines(
+        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        return self.budgets.header_lines(tenant, key_id, now, key_budgets)
+
+    def finish(self, ticket: Ticket | None, record: UsageRecord) -> None:
+        if ticket is not None:
+            self.budgets.charge(ticket, record.prompt_tokens + record.completion_tokens, record.at)
+
+
+def has_budgets(tenants: Iterable[TenantSettings]) -> bool:
+    return any(b != BudgetSettings() for b in tenant_budgets(tenants).values())

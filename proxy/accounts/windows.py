@@ -20,7 +20,7 @@ from collections import deque
 
 
 class Window:
-    __slots__ = ("_entries", "_groups", "_horizon", "_total", "span", "width")
+    __slots__ = ("_entries", "_groups", "_horizon", "_total", "marked", "span", "width")
 
     def __init__(self, span: float, width: float = 0.0) -> None:
         self.span = span
@@ -30,6 +30,8 @@ class Window:
         self._total = 0
         # Nothing expires before this: most calls (several per request) return at this one comparison.
         self._horizon = math.inf
+        # The group last marked changed for the store (``budgets``): marked once, not at each charge.
+        self.marked: float | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -42,7 +44,7 @@ class Window:
         return key + self.width + self.span
 
     def group(self, key: float) -> float:
-        return float(math.floor(key)) if self.width == 0 else key
+        return key // 1.0 if self.width == 0 else key  # the second, a float
 
     def _expire(self, now: float) -> None:
         if now < self._horizon:
@@ -64,29 +66,36 @@ class Window:
             self._horizon = self.expiry(key)
 
     def used(self, now: float) -> int:
-        self._expire(now)
+        if now >= self._horizon:
+            self._expire(now)
         return self._total
 
     def add(self, now: float, amount: int) -> float:
-        """Charge ``amount`` at ``now``; the group it went into (to persist it by)."""
-        self._expire(now)
-        key = self.key(now)
+        """Charge ``amount`` at ``now``; the group it went into (to persist it by). Called several
+        times per request: ``key``, ``group`` and ``_appended`` are written out here."""
+        if now >= self._horizon:
+            self._expire(now)
+        width = self.width
+        key = now if width == 0 else (now // width) * width
         entries = self._entries
         if entries and entries[-1][0] >= key:
             # Same key, or the wall clock stepped back: add to the newest entry, which then counts at
             # least as long as a new one would (never shorter: the bound holds).
-            entries[-1][1] += amount
-            key = entries[-1][0]
+            newest = entries[-1]
+            newest[1] += amount
+            key = newest[0]
         else:
             entries.append([key, amount])
-            self._appended(key)
+            if len(entries) == 1:
+                self._horizon = key + width + self.span
         self._total += amount
-        group = self.group(key)
+        group = key // 1.0 if width == 0 else key  # the second (a float, as math.floor's would be)
         summed = self._groups.get(group)
         if summed is None:
             self._groups[group] = [key, amount]
         else:
-            summed[0] = max(summed[0], key)
+            if key > summed[0]:
+                summed[0] = key
             summed[1] += amount
         return group
 

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.accounts.ledger import LedgerStats
 from proxy.admission.gate import Admission
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
@@ -80,6 +81,57 @@ class AdmissionCollector(Collector):
         yield lingering
 
 
+class UsageTokens(Collector):
+    """``llamagate_usage_tokens_total``: the tokens the usage ledger was charged, by tenant, model and
+    kind. A dict of sums rather than a labelled ``Counter``: three increments per request, each of which
+    would take the counter's lock."""
+
+    def __init__(self, sums: Mapping[tuple[str, str], list[int]]) -> None:
+        self._sums = sums
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "llamagate_usage_tokens",
+            "Tokens charged to the usage ledger, by tenant, model and kind (prompt, cached, completion)",
+            labels=["tenant", "model", "kind"],
+        )
+        for (tenant, model), sums in list(self._sums.items()):
+            for kind, value in zip(("prompt", "cached", "completion"), sums, strict=True):
+                family.add_metric([tenant, model, kind], value)
+        yield family
+
+
+class LedgerCollector(Collector):
+    """The usage ledger's queue and writes (``proxy.accounts.ledger``), read at scrape time."""
+
+    def __init__(self, stats: Callable[[], LedgerStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "llamagate_ledger_pending_records",
+            "Usage records charged and not written to the store yet",
+            s.pending,
+        )
+        counters = (
+            ("llamagate_ledger_written_records", "Usage records written to the store", s.written),
+            (
+                "llamagate_ledger_unwritten_records",
+                "Usage records whose first write failed (kept in memory and retried)",
+                s.unwritten,
+            ),
+            (
+                "llamagate_ledger_dropped_records",
+                "Usage records lost: charged while the most the ledger holds in memory were waiting",
+                s.dropped,
+            ),
+            ("llamagate_ledger_write_errors", "Batch writes to the store that failed", s.write_errors),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value)
+
+
 class ProxyMetrics:
     """Series the request path updates. Label children are cached: ``labels()`` takes a lock and builds a
     tuple on every call, which shows on the hot path."""
@@ -104,6 +156,10 @@ class ProxyMetrics:
             ["tenant", "model"],
             registry=registry,
         )
+        # tenant, model -> [prompt, cached, completion]: summed on the request path without a lock (the
+        # event loop is its one writer), read at scrape time (``UsageTokens``).
+        self.usage: dict[tuple[str, str], list[int]] = {}
+        registry.register(UsageTokens(self.usage))
         self.ttft = Histogram(
             "llamagate_time_to_first_token_seconds",
             "Arrival to first generated token, queue wait included, by tenant and model",
@@ -178,6 +234,15 @@ class ProxyMetrics:
 
     def observe_replay(self, model: str, reason: str) -> None:
         self._child(self.replays, model, reason).inc()
+
+    def observe_usage(self, tenant: str, model: str, prompt: int, cached: int, completion: int) -> None:
+        """One ledger record's tokens (``cached`` is the part of ``prompt`` read from the prompt cache)."""
+        sums = self.usage.get((tenant, model))
+        if sums is None:
+            sums = self.usage[(tenant, model)] = [0, 0, 0]
+        sums[0] += prompt
+        sums[1] += cached
+        sums[2] += completion
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """The outermost layer of every request: request id, error mapping, access log, metrics.
 
 Pure ASGI (a ``BaseHTTPMiddleware`` would buffer streams). It is the one boundary where ``ProxyError``
-becomes an OpenAI-shaped JSON answer, where every response, errors included, gets ``X-Request-ID``, and
-where the one access-log line per request is written.
+becomes an OpenAI-shaped JSON answer, where every response, errors included, gets ``X-Request-ID``
+(and the request's ``extra_headers``: a budgeted caller's rate-limit headers), and where the one
+access-log line per request is written.
 
 The access log holds ids, names, numbers and outcomes only: never a header value, a body, a prompt, a
 completion or a key. Fields travel in ``extra={"fields": {...}}`` (the supervisor's formatters render them).
@@ -66,7 +67,8 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 ctx.status = message["status"]
                 ctx.response_started = True
-                message = {**message, "headers": [*message.get("headers", ()), id_header]}
+                headers = [*message.get("headers", ()), id_header, *ctx.extra_headers]
+                message = {**message, "headers": headers}
             await send(message)
 
         self._active(1)

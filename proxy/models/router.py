@@ -3,8 +3,10 @@ lane (``proxy.models.lane``: its child, its own admission gate sized to that chi
 always at least one lane, and one model is a set of one: a request that names no model goes to the only
 lane there is, and with several it must name one.
 
-``tenants[].models`` restricts which models a tenant may use at all; a tenant's other limits apply per
-lane, and ``max_concurrency_total`` across them (``proxy.admission.totals``, kept at the door).
+``tenants[].models`` restricts which models a tenant may use at all, and a store key's ``models`` (made
+with ``llamagate keys new --models``) narrows that for the one key: a model outside either is a 403 that
+says whose limit it is. A tenant's other limits apply per lane, and ``max_concurrency_total`` across
+them (``proxy.admission.totals``, kept at the door).
 
 A lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that finds it
 unloaded; the wait happens before admission and counts toward the request's time to first token.
@@ -72,10 +74,10 @@ class ModelRouter:
             return next(iter(self.lanes.values()))
         return None
 
-    def resolve(self, model: Any, tenant: TenantSettings | None) -> Lane:
+    def resolve(self, model: Any, tenant: TenantSettings | None, key_models: Sequence[str] = ()) -> Lane:
         """The lane a request's ``model`` names (its name or an alias; none at all when one model is
         served); 404 listing what is served. ``tenant`` None (an admin-only key's tenant may be
-        unconfigured): no ``models`` limit."""
+        unconfigured): no ``models`` limit. ``key_models``: the calling key's own limit (() = none)."""
         served = ", ".join(f"'{n}'" for n in self.lanes)
         if model is None:
             only = self.only()
@@ -99,19 +101,27 @@ class ModelRouter:
             raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {served}")
         if tenant is not None and tenant.models and lane.name not in tenant.models:
             raise Forbidden(f"tenant '{tenant.name}' may not use the model '{lane.name}'")
+        if key_models and lane.name not in key_models:
+            raise Forbidden(
+                f"this API key may not use the model '{lane.name}'; it is limited to "
+                + ", ".join(f"'{m}'" for m in key_models)
+            )
         return lane
 
-    def default(self, tenant: TenantSettings | None) -> Lane:
+    def default(self, tenant: TenantSettings | None, key_models: Sequence[str] = ()) -> Lane:
         """The lane of a passthrough request that names no model: the first ``always`` model the
-        tenant may use (else its first ``on_demand`` one); 403 when it may use none."""
+        tenant (and the key, ``key_models``) may use (else its first ``on_demand`` one); 403 when it
+        may use none."""
         usable = [
             lane
             for lane in self.lanes.values()
-            if tenant is None or not tenant.models or lane.name in tenant.models
+            if (tenant is None or not tenant.models or lane.name in tenant.models)
+            and (not key_models or lane.name in key_models)
         ]
         if not usable:
             name = tenant.name if tenant is not None else "?"
-            raise Forbidden(f"tenant '{name}' may use none of the served models")
+            whose = "this API key" if key_models else f"tenant '{name}'"
+            raise Forbidden(f"{whose} may use none of the served models")
         return next((la for la in usable if la.entry.residency == "always"), usable[0])
 
     async def load(self, lane: Lane, receive: Receive) -> None:

@@ -24,6 +24,7 @@ from proxy.routes.model_control import AdminModels, LoadModel, UnloadModel
 from proxy.routes.models import ModelsRoute
 from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
+from proxy.routes.store_admin import AdminKey, AdminKeys, AdminUsage
 from proxy.routes.table import REFUSED, ROUTES, RouteSpec
 from proxy.state import ProxyState
 
@@ -83,6 +84,12 @@ def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
         return UnloadModel(state)
     if kind == "slots":
         return Passthrough(state, spec.path, need_ready=False)
+    if kind == "keys":
+        return AdminKeys(state)
+    if kind == "key":
+        return AdminKey(state)
+    if kind == "usage":
+        return AdminUsage(state)
     raise ValueError(f"no endpoint for kind {kind!r}")  # pragma: no cover - the Literal keeps it out
 
 

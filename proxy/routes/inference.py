@@ -5,11 +5,12 @@ model is served, its readiness and the route's feature (503 or 404 before readin
 the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
 lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
 the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
-it also says how many slots the request occupies), the optional prompt-size check (before a slot is
-taken), then admission of that many slots on the lane's gate (and the tenant's total at the door), then
-the child. Every step that can wait (queue, first token, the stream) runs under the client watch, so a
-client that leaves releases what it held at once (not the on-demand load wait: the load is shared with
-other requests and goes on; a client that left during it is noticed at admission).
+it also says how many slots the request occupies), the token and request budgets of a store
+(``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
+slot is taken), then admission of that many slots on the lane's gate (and the tenant's total at the
+door), then the child. Every step that can wait (queue, first token, the stream) runs under the client
+watch, so a client that leaves releases what it held at once (not the on-demand load wait: the load is
+shared with other requests and goes on; a client that left during it is noticed at admission).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
@@ -22,7 +23,8 @@ says when and how long it waits).
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
 Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
-back is ``proxy.streams.relay``.
+back is ``proxy.streams.relay``. With a store, the request's charge (``proxy.routes.charge``) wraps it
+all and charges the child's reported usage at the end.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
+from proxy.routes.charge import Charge, _NoCharge, open_charge
 from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
 from proxy.settings import TenantSettings, Timeouts
@@ -106,7 +109,8 @@ class Inference:
             self._servable(only, snap)
         raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
         payload = bodies.parse_object(raw)
-        lane = state.router.resolve(payload.get("model"), tenant)  # the only one when ``snap`` is set
+        # The only one when ``snap`` is set; a store key may be limited to some models (``who.models``).
+        lane = state.router.resolve(payload.get("model"), tenant, who.models)
         ctx.model = lane.name
         lane.touch()
         if snap is None:
@@ -114,9 +118,9 @@ class Inference:
         lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
         try:
             await state.router.load(lane, receive)
-            if snap is None:
-                snap = lane.ready_snapshot()  # after a load: the loaded child
-            await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive)
+            snap = snap or lane.ready_snapshot()  # after a load: the loaded child
+            with open_charge(state, ctx, who, lane.name, self.spec.kind) as charge:
+                await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -136,6 +140,7 @@ class Inference:
         payload: dict[str, Any],
         send: Send,
         receive: Receive,
+        charge: Charge | _NoCharge,
     ) -> None:
         state = self.state
         admin = "admin" in principal.scopes
@@ -146,6 +151,7 @@ class Inference:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
         rewrite = cost.rewritten or rewrite
+        charge.admit(cost.sequences, snap.ctx_per_slot)  # the budgets: 429 before a slot or a queue
         stream = payload.get("stream") is True and self.spec.generates
         if tenant.check_prompt_size:
             prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
@@ -166,7 +172,7 @@ class Inference:
                 # Re-read: the child may have restarted while the body was on its way.
                 await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
             with state.totals.hold(tenant, cost.slots):
-                await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch)
+                await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge)
 
     # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
     async def _attempts(
@@ -179,6 +185,7 @@ class Inference:
         plan: _Plan,
         send: Send,
         watch: ClientWatch,
+        charge: Charge | _NoCharge,
     ) -> None:
         """Admit the request and forward it; when its child dies before any byte of the answer reached
         the client, wait for the next READY child and do it once more, at the head of the tenant's
@@ -194,7 +201,8 @@ class Inference:
             try:
                 # The child may have restarted while we queued: never mix its old address and new secret.
                 snap = lane.ready_snapshot()
-                relay = Relay(ctx, send, watch, self.fmt, exchange)
+                relay = Relay(ctx, send, watch, self.fmt, exchange, charge.tap(self.fmt))
+                charge.relay = relay  # charged at the end: the last attempt's usage
                 await self._forward(snap, raw, plan, relay, ctx, deadlines)
                 return
             except UpstreamFailure as exc:

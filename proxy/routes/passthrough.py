@@ -66,7 +66,12 @@ class Passthrough:
         model = payload.get("model") if "model" in payload else query_model(scope)
         tenant = state.tenants.get(principal.tenant)
         # The only one when ``snap`` is set.
-        lane = router.resolve(model, tenant) if model is not None else router.default(tenant)
+        only_models = principal.models
+        lane = (
+            router.resolve(model, tenant, only_models)
+            if model is not None
+            else router.default(tenant, only_models)
+        )
         ctx.model = lane.name
         lane.track_active(1)  # an idle unload must not stop the model under this request
         try:

@@ -20,11 +20,14 @@ row is served (``proxy.routes.build`` maps kinds to endpoints):
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
   ``load`` (the admission gate per tenant, for the page), ``slots``, ``admin_models`` (every model's
-  state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model).
+  state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model);
+- the accounts store's admin routes (``proxy.routes.store_admin``): ``keys`` (list, make), ``key`` (one
+  key by id: revoke) and ``usage`` (the ledger's sums).
 
 A row's path is exact, or holds a ``{name}`` path parameter (Starlette's syntax, e.g.
-``/admin/models/{name}/load``): the endpoint reads it from ``scope["path_params"]``, and the metrics and
-access log label the request by the row's path as written, so the label set stays bounded.
+``/admin/models/{name}/load``, ``/admin/keys/{id}``): the endpoint reads it from ``scope["path_params"]``,
+and the metrics and access log label the request by the row's path as written, so the label set stays
+bounded.
 
 The status page's static files (``/``, ``/ui``, ``/ui/*``; ``proxy.routes.ui``) are not API routes and not in
 this table: ``proxy.app`` adds them beside it.
@@ -62,6 +65,9 @@ Kind = Literal[
     "admin_models",
     "model_load",
     "model_unload",
+    "keys",
+    "key",
+    "usage",
 ]
 # The child must have been started with this feature (llama.embeddings / llama.reranking).
 Feature = Literal["embeddings", "reranking"]
@@ -157,6 +163,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/admin/models", _G, "admin_models", "admin"),
     RouteSpec("/admin/models/{name}/load", _P, "model_load", "admin"),
     RouteSpec("/admin/models/{name}/unload", _P, "model_unload", "admin"),
+    RouteSpec("/admin/keys", ("GET", "POST"), "keys", "admin"),
+    RouteSpec("/admin/keys/{id}", ("DELETE",), "key", "admin"),
+    RouteSpec("/admin/usage", _G, "usage", "admin"),
 )
 
 _AUDIO = "audio input needs a multimodal projector, which the supervisor does not load"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.streams.openai import keep
+
 
 @dataclass(frozen=True)
 class EventSpec:
@@ -25,7 +27,7 @@ class EventSpec:
 
 
 class EventMeter:
-    __slots__ = ("_markers", "_spec", "_tail", "counted", "first_at", "last_at", "reported")
+    __slots__ = ("_markers", "_spec", "_tail", "counted", "first_at", "last_at", "reported", "reports")
 
     def __init__(self, spec: EventSpec) -> None:
         self._spec = spec
@@ -34,6 +36,8 @@ class EventMeter:
         self.last_at: float | None = None
         self.counted = 0
         self.reported: int | None = None
+        # The chunks that carried the child's count (its usage): for the usage ledger (``StreamMeter``).
+        self.reports: list[bytes] = []
         # End of the previous chunk: a count split across two reads is still found.
         self._tail = b""
 
@@ -51,6 +55,7 @@ class EventMeter:
         found = self._spec.reported.findall(text)
         if found:
             self.reported = int(found[-1])
+            keep(self.reports, chunk)
         self._tail = b"" if text.endswith(b"\n\n") else text[-256:]
         return first
 

@@ -4,7 +4,8 @@ One ``StreamFormat`` per route kind (see ``proxy.routes.table``): llama-server s
 from the same slot machinery (``format_oai_sse``, ``format_oai_resp_sse`` and ``format_anthropic_sse``
 in server-common.cpp, and its native one), and each hides the first token and the token count in a
 different place. The relay stays byte-for-byte; only the meter, the last error event, how a whole
-(non-streamed) answer reports its token count and how an error body is shaped differ."""
+(non-streamed) answer reports its token count, how an error body is shaped and where the answer says
+what it used (``proxy.streams.usage``) differ."""
 
 from __future__ import annotations
 
@@ -17,9 +18,20 @@ from proxy.errors import ProxyError
 from proxy.streams import anthropic
 from proxy.streams.events import EventMeter, EventSpec
 from proxy.streams.openai import StreamMeter, count_tokens_in_body
+from proxy.streams.usage import (
+    ANTHROPIC_USAGE,
+    EMBEDDING_USAGE,
+    NATIVE_USAGE,
+    OPENAI_USAGE,
+    RESPONSES_USAGE,
+    UsageFormat,
+)
 
 
 class Meter(Protocol):
+    # The chunks that carried the child's own figures (``proxy.streams.usage`` reads them).
+    reports: list[bytes]
+
     def feed(self, chunk: bytes, now: float) -> bool: ...
 
     def ttft_from(self, started: float) -> float | None: ...
@@ -48,6 +60,8 @@ class StreamFormat:
     error_event: Callable[[ProxyError], bytes] = _openai_error_event
     # The body of an error answered by the child, as this route's clients expect it.
     error_body: Callable[[int, bytes], bytes] = _same
+    # Where the answer reports prompt, cached and completion tokens (the usage ledger reads them).
+    usage: UsageFormat = OPENAI_USAGE
 
 
 def _count(pattern: bytes) -> Callable[[bytes], int]:
@@ -66,7 +80,9 @@ OPENAI = StreamFormat("openai", StreamMeter, count_tokens_in_body)
 # llama-server's own API (/completion, /completions, /infill): ``data: {"content":"..."}`` per token, no
 # ``[DONE]``; the last event has ``timings.predicted_n`` (the OpenAI meter reads exactly these fields).
 _TOKENS_PREDICTED = _count(rb'"tokens_predicted":(\d+)')
-NATIVE = StreamFormat("native", StreamMeter, lambda b: _TOKENS_PREDICTED(b) or count_tokens_in_body(b))
+NATIVE = StreamFormat(
+    "native", StreamMeter, lambda b: _TOKENS_PREDICTED(b) or count_tokens_in_body(b), usage=NATIVE_USAGE
+)
 
 _RESPONSES_SPEC = EventSpec(
     delta_events=(
@@ -78,7 +94,12 @@ _RESPONSES_SPEC = EventSpec(
     reported=re.compile(rb'"output_tokens":(\d+)'),
 )
 # OpenAI Responses: typed events; text in ``response.output_text.delta``, usage in ``response.completed``.
-RESPONSES = StreamFormat("responses", lambda: EventMeter(_RESPONSES_SPEC), _count(rb'"output_tokens":(\d+)'))
+RESPONSES = StreamFormat(
+    "responses",
+    lambda: EventMeter(_RESPONSES_SPEC),
+    _count(rb'"output_tokens":(\d+)'),
+    usage=RESPONSES_USAGE,
+)
 
 _ANTHROPIC_SPEC = EventSpec(
     delta_events=(b"content_block_delta",),
@@ -92,7 +113,8 @@ ANTHROPIC = StreamFormat(
     _count(rb'"output_tokens":(\d+)'),
     error_event=anthropic.error_event,
     error_body=anthropic.convert_error_body,
+    usage=ANTHROPIC_USAGE,
 )
 
 # Embeddings and reranking: never streamed, no generated tokens.
-SILENT = StreamFormat("silent", StreamMeter, lambda body: 0)
+SILENT = StreamFormat("silent", StreamMeter, lambda body: 0, usage=EMBEDDING_USAGE)

@@ -11,6 +11,9 @@ optional usage chunk and ``data: [DONE]``.
 - tokens: the child's own count (``usage.completion_tokens`` or ``timings.predicted_n``) when it sends
   one, else the number of events from the first token on.
 - time per output token: (last token arrival - first token arrival) / (tokens - 1).
+- ``reports``: the chunks that carried the child's own figures (``usage``, ``timings``), kept for the
+  usage ledger (``proxy.streams.usage`` parses them once the stream is over): a stream's last one or
+  two chunks, found by the search the count needs anyway, so the ledger costs the stream nothing more.
 """
 
 from __future__ import annotations
@@ -20,16 +23,20 @@ import re
 _FIRST_TEXT = re.compile(rb'"(?:content|reasoning_content|text)":"[^"]')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _PREDICTED_N = re.compile(rb'"predicted_n":(\d+)')
+# Report chunks kept at most (oldest dropped): one per sequence of a request, or every chunk of a stream
+# with ``timings_per_token``, whose latest ones are what counts.
+MAX_REPORTS = 256
 
 
 class StreamMeter:
-    __slots__ = ("_tail", "counted", "first_at", "last_at", "reported")
+    __slots__ = ("_tail", "counted", "first_at", "last_at", "reported", "reports")
 
     def __init__(self) -> None:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.counted = 0
         self.reported: int | None = None
+        self.reports: list[bytes] = []
         # End of the previous chunk: a usage/timings figure split across two reads is still found.
         self._tail = b""
 
@@ -38,10 +45,13 @@ class StreamMeter:
         first = False
         if self.first_at is None:
             if _FIRST_TEXT.search(chunk) is None:
+                if b'"timings"' in chunk or b'"usage"' in chunk:
+                    keep(self.reports, chunk)  # an answer without any text still reports its usage
                 return False
             self.first_at = now
             first = True
         if self._tail or b'"usage"' in chunk or b'"timings"' in chunk:
+            keep(self.reports, chunk)
             self._find_counts(self._tail + chunk)
             if b'"choices":[]' in chunk:
                 return first  # the usage chunk carries no token
@@ -75,6 +85,12 @@ class StreamMeter:
         if self.first_at is None or self.last_at is None or n < 2:
             return None
         return (self.last_at - self.first_at) / (n - 1)
+
+
+def keep(reports: list[bytes], chunk: bytes) -> None:
+    reports.append(chunk)
+    if len(reports) > MAX_REPORTS:
+        del reports[0]
 
 
 def count_tokens_in_body(body: bytes) -> int:

@@ -7,7 +7,10 @@ a whole or assembled answer goes out at its end, so a child that dies before the
 free to run on the next one (``proxy.routes.replay``).
 
 Whichever way, ``Exchange`` records what the child is doing for the request, so that the admission gate
-knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``).
+knows whether abandoning it leaves the child's slot busy for a while (``Exchange.linger_s``). With an
+accounts store, ``usage`` (a ``proxy.streams.usage.UsageTap``) reads what a whole or assembled answer
+used, and ``meter`` is left with the last answer's meter: a stream's usage is in the report chunks it
+kept, and its count is what a client that left is charged.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.errors import UpstreamFailure, UpstreamGone
 from proxy.streams import privacy
 from proxy.streams.assemble import AnswerTooLarge, Assembler, Kind
-from proxy.streams.formats import StreamFormat
+from proxy.streams.formats import Meter, StreamFormat
+from proxy.streams.usage import UsageTap
 from proxy.upstream.connection import UpstreamClosed
 from proxy.upstream.pool import UpstreamResponse
 
@@ -61,16 +65,24 @@ class Relay:
     """One answer on its way back: where it goes (``send``, with ``watch`` on the client), how the
     route's stream is measured and ended (``fmt``), and what it records (``ctx``, ``exchange``)."""
 
-    __slots__ = ("ctx", "exchange", "fmt", "send", "watch")
+    __slots__ = ("ctx", "exchange", "fmt", "meter", "send", "usage", "watch")
 
     def __init__(
-        self, ctx: RequestContext, send: Send, watch: ClientWatch, fmt: StreamFormat, exchange: Exchange
+        self,
+        ctx: RequestContext,
+        send: Send,
+        watch: ClientWatch,
+        fmt: StreamFormat,
+        exchange: Exchange,
+        usage: UsageTap | None = None,
     ) -> None:
         self.ctx = ctx
         self.send = send
         self.watch = watch
         self.fmt = fmt
         self.exchange = exchange
+        self.usage = usage
+        self.meter: Meter | None = None
 
     async def stream(
         self, response: UpstreamResponse, deadline: asyncio.Timeout, total_at: float, hide: bool
@@ -83,7 +95,7 @@ class Relay:
         plain error answer. A child that hangs up before that raises ``UpstreamGone`` (nothing was sent);
         after it, the stream ends with an error event."""
         ctx, watch, exchange = self.ctx, self.watch, self.exchange
-        meter = self.fmt.meter()
+        meter = self.meter = self.fmt.meter()
         rewriter = privacy.SseRewriter() if hide else None
         send: Send | None = None  # once the response has started
         clock = time.monotonic
@@ -144,6 +156,8 @@ class Relay:
         content = parts[0] if len(parts) == 1 else b"".join(parts)
         if response.status == 200:
             self.ctx.tokens = self.fmt.count_tokens(content)
+            if self.usage is not None:
+                self.usage.whole(content)
             if hide:
                 content = privacy.strip_json(content)
         else:
@@ -154,7 +168,7 @@ class Relay:
     async def assembled(self, response: UpstreamResponse, kind: Kind, hide: bool, limit: int) -> None:
         """One non-streamed answer of ``kind`` built from the child's stream (at most ``limit`` bytes)."""
         assembler = Assembler(kind, limit)
-        meter = self.fmt.meter()
+        meter = self.meter = self.fmt.meter()
         clock = time.monotonic
         try:
             while (chunk := await response.next_chunk()) is not None:
@@ -171,6 +185,8 @@ class Relay:
             usage = answer.get("usage")
             tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
             self.ctx.tokens = tokens if isinstance(tokens, int) else meter.tokens
+            if self.usage is not None:
+                self.usage.answered(answer)
             if hide:
                 answer = privacy.strip(answer)
         else:

@@ -24,14 +24,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "check",
         help="validate every field, and that serve would start here; exit 0 ok, 2 with the problems",
         description="Validates every field, then (unless --offline) what serve and plan would refuse on "
-        "this host: the model file (present, a GGUF, its sha256), the binary, the memory budget. "
-        "Nothing is started, built or downloaded.",
+        "this host: the model file (present, a GGUF, its sha256), the binary, the memory budget, the "
+        "accounts store's file. Nothing is started, built, downloaded or created.",
     )
     add_config_argument(check)
     check.add_argument(
         "--offline",
         action="store_true",
-        help="check the file only, not the model, binary and memory budget (e.g. on another machine)",
+        help="check the file only, not the model, binary, memory budget and store (e.g. on another machine)",
     )
     check.set_defaults(func=_check)
 
@@ -72,6 +72,17 @@ def _check(args: argparse.Namespace) -> int:
                 host.notes.extend(f"models '{served.name}': {n}" for n in one.notes)
         else:
             host = check_host(cfg)
+        from supervisor.daemon.wiring import check_store
+        from supervisor.errors import Misconfigured
+
+        try:
+            store = check_store(cfg)
+        except Misconfigured as exc:
+            host.problems.append(str(exc))  # names the file and what is wrong with it, as serve does
+        else:
+            if store is not None:
+                host.checked.append("store")
+                host.notes.append(f"store: {store}")
         if host.problems:
             return _report(name, host.problems)
         scope = "checked on this host: " + (", ".join(dict.fromkeys(host.checked)) or "nothing yet")

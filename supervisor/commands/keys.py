@@ -22,6 +22,7 @@ from typing import ParamSpec, TypeVar
 
 from proxy.accounts.issue import issue_key, successor
 from proxy.accounts.records import KeyRecord
+from proxy.accounts.report import key_row
 from proxy.accounts.sqlite import SqliteStore
 from proxy.accounts.store import StoreError
 from proxy.auth import key_digest, new_key
@@ -249,21 +250,7 @@ def _scope_text(record: KeyRecord) -> str:
 
 
 def _rows(keys: Sequence[KeyRecord], now: float) -> list[dict[str, object]]:
-    return [
-        {
-            "id": k.key_id,
-            "tenant": k.tenant,
-            "scopes": sorted(k.scopes),
-            "name": k.name,
-            "models": list(k.models),
-            "created": utc(k.created, iso=True),
-            "expires": utc(k.expires, iso=True) or None,
-            "last_used": utc(k.last_used, iso=True) or None,
-            "status": k.status(now),
-            **{b: getattr(k.budgets, b) for b in _BUDGETS},
-        }
-        for k in keys
-    ]
+    return [key_row(k, now) for k in keys]
 
 
 def _list(args: argparse.Namespace) -> int:

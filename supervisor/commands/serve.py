@@ -24,6 +24,7 @@ from supervisor.daemon.listener import bind_listener
 from supervisor.daemon.prepare import default_threads
 from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
 from supervisor.daemon.service import Daemon
+from supervisor.daemon.wiring import DaemonAccounts, open_accounts
 from supervisor.progress import ConsoleProgress
 
 log = logging.getLogger("llamagate.serve")
@@ -106,7 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = replace(cfg, proxy=proxy)
     _apply_logging(args, cfg)
     sock = bind_listener(cfg.proxy.host, cfg.proxy.port)
+    accounts: DaemonAccounts | None = None
     try:
+        # The store first: a bad file (or a second daemon on it) fails in a moment, before a model load.
+        accounts = DaemonAccounts(open_accounts(cfg))
         # Every model verified and budgeted, alone and together (one model: a set of one), then one daemon.
         models = prepare_models(cfg, progress=ConsoleProgress())
         for model in models:
@@ -122,8 +126,16 @@ def _serve(args: argparse.Namespace) -> int:
             # stdout, once, never a log line: logs are kept and shipped; this key must not be.
             sys.stdout.write(_banner(cfg, generated[0]))
             sys.stdout.flush()
-        daemon = Daemon(cfg, models, config_path=path, generated_keys=[generated[1]] if generated else [])
+        daemon = Daemon(
+            cfg,
+            models,
+            config_path=path,
+            generated_keys=[generated[1]] if generated else [],
+            accounts=accounts,
+        )
         exit_code: int = asyncio.run(daemon.run(sock))
         return exit_code
     finally:
+        if accounts is not None and accounts.accounts is not None:
+            asyncio.run(accounts.close())  # the daemon never ran (it closes it itself otherwise)
         sock.close()

@@ -1,46 +1,28 @@
 """Times on the command line: durations (``30d``, ``12h``), dates (``2026-12-01``, ISO 8601) and how the
-``keys`` and ``usage`` commands print them (UTC, to the minute)."""
+``keys`` and ``usage`` commands print them (UTC, to the minute). The grammar is the admin routes' too
+(``proxy.accounts.report``); here a bad value names its flag."""
 
 from __future__ import annotations
 
-import datetime as dt
-import re
-
+from proxy.accounts import report
+from proxy.accounts.report import utc
 from supervisor.errors import UsageError
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+__all__ = ["parse_duration", "parse_when", "utc"]
 
 
 def parse_duration(flag: str, text: str) -> float:
     """``90s``, ``30m``, ``12h``, ``30d``, ``2w`` -> seconds (> 0)."""
-    match = _DURATION.fullmatch(text.strip())
-    seconds = float(match.group(1)) * _UNIT_S[match.group(2)] if match else 0.0
-    if seconds <= 0:
-        raise UsageError(f"{flag} {text!r}: give a duration like 30d, 12h, 30m or 90s")
-    return seconds
+    try:
+        return report.parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text!r}: {exc}") from None
 
 
 def parse_when(flag: str, text: str, now: float) -> float:
     """A point in time: a duration back from now (``7d``) or an ISO 8601 date or time (UTC unless it
     says otherwise) -> seconds since the epoch."""
-    if _DURATION.fullmatch(text.strip()):
-        return now - parse_duration(flag, text)
     try:
-        when = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"{flag} {text!r}: give a date (2026-12-01), a time (2026-12-01T10:00, UTC unless it has an "
-            "offset) or a duration back from now (7d, 12h)"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return when.timestamp()
-
-
-def utc(seconds: float | None, *, iso: bool = False) -> str:
-    """``2026-12-01 10:00`` (tables) or ``2026-12-01T10:00:00Z`` (JSON, CSV); '' for None."""
-    if seconds is None:
-        return ""
-    when = dt.datetime.fromtimestamp(seconds, dt.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ") if iso else when.strftime("%Y-%m-%d %H:%M")
+        return report.parse_when(text, now)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text!r}: {exc}") from None

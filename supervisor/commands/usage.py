@@ -13,17 +13,14 @@ import csv
 import json
 import sys
 import time
-from typing import Any
 
-from proxy.accounts.records import UsageRow
+from proxy.accounts.report import usage_columns, usage_record, usage_report, usage_total
 from proxy.accounts.store import StoreError
 from supervisor.commands.config import add_config_argument
 from supervisor.commands.keys import print_table
 from supervisor.commands.storefile import configured, open_configured
-from supervisor.commands.timespec import parse_when, utc
+from supervisor.commands.timespec import parse_when
 from supervisor.errors import Misconfigured
-
-_SUMS = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,28 +41,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=_usage)
 
 
-_GROUP_COLUMN = {"key": "key_id", "model": "model", "hour": "hour", "day": "day"}
-
-
-def _columns(by: str) -> list[str]:
-    return ["tenant", *([_GROUP_COLUMN[by]] if by in _GROUP_COLUMN else []), *_SUMS]
-
-
-def _group(row: UsageRow, by: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"tenant": row.tenant}
-    if by == "key":
-        out["key_id"] = row.key_id
-    elif by == "model":
-        out["model"] = row.model
-    elif by in ("hour", "day"):
-        out[by] = utc(row.period, iso=True)
-    return out
-
-
-def _record(row: UsageRow, by: str) -> dict[str, Any]:
-    return {**_group(row, by), **{name: getattr(row, name) for name in _SUMS}}
-
-
 def _usage(args: argparse.Namespace) -> int:
     since = parse_when("--since", args.since, time.time()) if args.since else None
     conf = configured(args)
@@ -76,17 +51,17 @@ def _usage(args: argparse.Namespace) -> int:
         raise Misconfigured(str(exc)) from exc
     finally:
         store.close()
-    records = [_record(r, args.by) for r in rows]
-    total = {name: sum(getattr(r, name) for r in rows) for name in _SUMS}
     if args.format == "json":
-        shown_since = utc(since // 3600 * 3600, iso=True) if since is not None else None
-        print(json.dumps({"by": args.by, "since": shown_since, "rows": records, "total": total}, indent=2))
-    elif args.format == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=_columns(args.by), lineterminator="\n")
+        print(json.dumps(usage_report(rows, args.by, since), indent=2))
+        return 0
+    records = [usage_record(r, args.by) for r in rows]
+    total = usage_total(rows)
+    if args.format == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=usage_columns(args.by), lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
     else:
-        header = _columns(args.by)
+        header = usage_columns(args.by)
         print_table([h.upper() for h in header], [[r[h] for h in header] for r in records])
         print(
             f"total: {total['requests']} requests, {total['total_tokens']} tokens "

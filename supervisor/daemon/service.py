@@ -20,8 +20,13 @@ model's under ``models`` (``reload rejected: ...; kept the previous settings``).
 
 Stop, in order: readiness goes false at once (the snapshot says "draining", so the proxy admits no new
 work and /readyz answers 503), in-flight requests drain up to ``proxy.drain_timeout_s`` (a second
-SIGTERM/SIGINT cuts that short), then every child gets SIGTERM, the grace period, SIGKILL, is reaped
-and its port is checked closed; only then does the listener close.
+SIGTERM/SIGINT cuts that short), the usage ledger writes what the drained requests were charged (so a
+SIGTERM loses no row), then every child gets SIGTERM, the grace period, SIGKILL, is reaped and its port
+is checked closed; only then does the listener close, and the accounts store last.
+
+The accounts store (``store:``) is opened by ``serve`` (``wiring.open_accounts``), started here at the
+start of ``run`` and closed at its end; ``store.*`` takes effect at the next start (a SIGHUP keeps the
+open store and says so), while a SIGHUP's new tenant budgets apply at once and keep the windows' counts.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ from supervisor.daemon.observability import Observability
 from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.daemon.prepare_models import PreparedModel, joint_budget_lines, joint_need, usable_bytes
 from supervisor.daemon.switch import side_by_side, stop_then_start
-from supervisor.daemon.wiring import ProxyWiring
+from supervisor.daemon.wiring import DaemonAccounts, ProxyWiring
 from supervisor.errors import ConfigError, LlamagateError
 from supervisor.launch.flags import build_argv, build_env, new_secret
 from supervisor.progress import NullProgress
@@ -91,9 +96,12 @@ class Daemon:
         generated_keys: Sequence[KeyEntry] = (),
         child_os: ChildOs | None = None,
         probes: Probes | None = None,
+        accounts: DaemonAccounts | None = None,
     ) -> None:
-        """``models``: every model ``cfg`` serves, verified and budgeted (``prepare_models``)."""
+        """``models``: every model ``cfg`` serves, verified and budgeted (``prepare_models``);
+        ``accounts``: its store, opened (``wiring.open_accounts``); the daemon closes it."""
         self.cfg = cfg
+        self.accounts = accounts or DaemonAccounts(None)
         self.config_path = config_path
         self.generated_keys = tuple(generated_keys)
         # Every model's children start under it; a SIGHUP changes it before any new child starts.
@@ -125,6 +133,7 @@ class Daemon:
             self.models,
             self.models.hosts.values(),
             self.observability.collectors,
+            self.accounts.accounts,
         )
         self.app = self.proxy.app
         self.models.usage = self.proxy.usage
@@ -203,6 +212,7 @@ class Daemon:
     # --- the loop ------------------------------------------------------------------------------------
     async def run(self, sock: socket.socket) -> int:
         try:
+            self.accounts.start()  # windows restored and keys loaded before the first request
             await self.observability.start(self.proxy.metrics, FrontDoor(self.proxy.door_settings))
         except BaseException:
             await self._close()
@@ -263,6 +273,7 @@ class Daemon:
         return self.exit_code
 
     async def _close(self) -> None:
+        await self.accounts.close()
         await self.probes.aclose()
         await self.observability.aclose()
         self.notifier.close()
@@ -296,12 +307,29 @@ class Daemon:
                     }
                 },
             )
+        await self._flush_ledger()
         if not tasks["models"].done():
             await self.models.stop(reason)
         server.should_exit = True
         with contextlib.suppress(Exception):
             await tasks["server"]
         log.info("llamagate stopped", extra={"fields": {"exit_code": self.exit_code}})
+
+    async def _flush_ledger(self) -> None:
+        """The usage of every request the drain let finish, written before the daemon goes on stopping."""
+        flushed = await self.accounts.flush(self.cfg.proxy.drain_timeout_s)
+        if flushed is None:
+            return
+        done, stats = flushed
+        fields = {"written": stats.written, "pending": stats.pending, "dropped": stats.dropped}
+        if done:
+            log.info("usage ledger written", extra={"fields": fields})
+        else:
+            log.error(
+                "usage ledger: the store did not take the last records (see the store writer's error); "
+                "they are lost when the daemon exits",
+                extra={"fields": fields},
+            )
 
     async def _dispatch_signals(self) -> None:
         # Reloads run beside this loop: verifying a new model can take a while, and a SIGTERM meanwhile
@@ -534,9 +562,9 @@ def _keep_fixed(old: Config, new: Config) -> Config:
     log.warning(f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones")
     return replace(
         new,
+        store=old.store,
         proxy=replace(
             new.proxy, host=old.proxy.host, port=old.proxy.port, metrics_listener=old.proxy.metrics_listener
         ),
         logging=replace(new.logging, format=old.logging.format, level=old.logging.level),
-        store=old.store,
     )

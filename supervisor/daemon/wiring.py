@@ -1,16 +1,23 @@
 """The one place the daemon meets the proxy's app: built with one lane per served model (one or
 several, the same way), lanes added, replaced and removed on SIGHUP, a lane's use (for idle unloading)
-and its drain, and the door's own state (keys, tenants, limits; the in-flight total) for reload and stop.
-Every name of the proxy's the daemon uses is here, nowhere else in it.
+and its drain, the door's own state (keys, tenants, limits; the in-flight total) for reload and stop, and
+the accounts store (``open_accounts``: opened by ``serve`` before the models are prepared, so a bad file
+fails the start at once; started, flushed and closed by the daemon). Every name of the proxy's the
+daemon uses is here, nowhere else in it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
+from proxy.accounts.ledger import LedgerStats
+from proxy.accounts.service import Accounts
+from proxy.accounts.sqlite import inspect_store
+from proxy.accounts.store import StoreError
 from proxy.app import create_app
 from proxy.listener.guard import FrontDoor
 from proxy.metrics.proxy import ProxyMetrics
@@ -18,7 +25,61 @@ from proxy.models.lane import ModelEntry
 from proxy.settings import DoorSettings, ProxySettings
 from proxy.source import UpstreamSource
 from proxy.state import ProxyState
+from supervisor.config.proxy_settings import proxy_settings
+from supervisor.config.schema import Config
 from supervisor.daemon.model_hosts import ModelHost
+from supervisor.errors import Misconfigured
+
+
+def open_accounts(cfg: Config) -> Accounts | None:
+    """The store of ``cfg`` opened as the daemon's (its lock taken: one daemon per file); None without
+    ``store:``. A file that cannot be used is ``Misconfigured`` (exit 2) naming it and what is wrong."""
+    settings = proxy_settings(cfg)
+    if settings.store is None:
+        return None
+    try:
+        return Accounts.open(settings.store, settings.tenants)
+    except StoreError as exc:
+        raise Misconfigured(str(exc)) from exc
+
+
+def check_store(cfg: Config) -> str | None:
+    """What ``config check`` says of the store, changing nothing (None without one); ``Misconfigured``
+    for a file ``serve`` would refuse."""
+    settings = proxy_settings(cfg).store
+    if settings is None:
+        return None
+    try:
+        return inspect_store(settings.path)
+    except StoreError as exc:
+        raise Misconfigured(str(exc)) from exc
+
+
+class DaemonAccounts:
+    """The store's life in the daemon: started with the daemon, flushed in the drain, closed at stop."""
+
+    def __init__(self, accounts: Accounts | None) -> None:
+        self.accounts = accounts
+
+    def start(self) -> None:
+        if self.accounts is None:
+            return
+        try:
+            self.accounts.start()
+        except StoreError as exc:
+            raise Misconfigured(str(exc)) from exc
+
+    async def flush(self, timeout_s: float) -> tuple[bool, LedgerStats] | None:
+        """Write what the ledger holds (off the loop); (done, the ledger's figures) or None without one."""
+        if self.accounts is None:
+            return None
+        done = await asyncio.to_thread(self.accounts.flush, timeout_s)
+        return done, self.accounts.stats()
+
+    async def close(self) -> None:
+        if self.accounts is not None:
+            accounts, self.accounts = self.accounts, None
+            await asyncio.to_thread(accounts.close)
 
 
 def _entry(host: ModelHost) -> ModelEntry:
@@ -33,9 +94,10 @@ class ProxyWiring:
         door_source: UpstreamSource,
         hosts: Iterable[ModelHost],
         collectors: Iterable[Collector],
+        accounts: Accounts | None = None,
     ) -> None:
         self.app: Starlette = create_app(
-            settings, door_source, [_entry(h) for h in hosts], extra_collectors=collectors
+            settings, door_source, [_entry(h) for h in hosts], extra_collectors=collectors, accounts=accounts
         )
         # The door's state (keys, tenants, the in-flight total, the router).
         self.runtime: ProxyState = self.app.state.proxy

@@ -11,6 +11,11 @@ Phases (targets from issue 4, for a 2-core host):
           proxy CPU per streamed SSE event (<= 0.05 ms)
   model   time per output token with 4 concurrent streams, proxy / direct (within 3 %), and the
           overload picture: 4 slots, 8 concurrent streams, first-token times straight vs through the gate
+  accounts  the proxy's CPU per request with the accounts store on (store key, budgets, usage ledger)
+          against off (issue 24: at most 15 % more): two proxies in front of one fake, alternating rounds
+          of the closed-loop throughput run, non-streamed and streamed
+
+``--store`` runs the fake phase's proxy with the store on.
 
 Exit status 0 when every measured target holds, 1 otherwise.
 """
@@ -21,16 +26,20 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from proxy.accounts.issue import issue_key
+from proxy.accounts.sqlite import open_store
 from proxy.auth import new_key
 from supervisor.artifacts.files import sha256_file
 from supervisor.bench.launcher import BareServer, start_llama_server
@@ -43,12 +52,23 @@ from supervisor.progress import ConsoleProgress
 from tests.benchmarks import cli
 from tests.benchmarks import proxycost as pc
 
-TARGETS = {"added_p50_ms": 1.5, "rps_c32": 800.0, "cpu_ms_per_event": 0.05, "tpot_ratio": 1.03}
+TARGETS = {
+    "added_p50_ms": 1.5,
+    "rps_c32": 800.0,
+    "cpu_ms_per_event": 0.05,
+    "tpot_ratio": 1.03,
+    "accounts_cpu_ratio": 1.15,
+}
 TTFT_GATE_S = 1.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--phases", default="fake,model", help="comma list of: fake, model (default both)")
+    parser.add_argument(
+        "--phases", default="fake,model", help="comma list of: fake, model, accounts (default fake,model)"
+    )
+    parser.add_argument(
+        "--store", action="store_true", help="the fake phase's proxy with the accounts store on (a temp file)"
+    )
     parser.add_argument("--requests", type=int, default=3000, help="latency samples per side (default 3000)")
     parser.add_argument(
         "--duration", type=float, default=10.0, help="seconds of the throughput run (default 10)"
@@ -98,24 +118,52 @@ def _processes() -> Iterator[list[subprocess.Popen[Any]]]:
 
 
 def _proxy(
-    upstream: str, secret: str, key_id: str, digest: str, loop: str, **limits: int
+    upstream: str, secret: str, key_id: str, digest: str, loop: str, store: Path | None = None, **limits: int
 ) -> tuple[subprocess.Popen[str], str]:
     args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop]
+    if store is not None:
+        args += ["--store", str(store)]
     for name, value in limits.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
     return _python("tests.benchmarks.proxy_server", *args, env={"LLAMAGATE_BENCH_UPSTREAM_SECRET": secret})
 
 
+def _fake(secret: str) -> tuple[subprocess.Popen[str], str]:
+    # "--secret=" + it: a token_urlsafe may start with "-", which argparse would take for an option.
+    return _python("tests.fakes.fake_llama", f"--secret={secret}", "--tokens", "16")
+
+
+def _store_with_key(folder: Path) -> tuple[Path, str]:
+    """A fresh accounts store holding one key of the bench tenant, with the scopes of the config key the
+    proxy is given without a store (inference and admin: the same answers, unfiltered); (file, key)."""
+    path = folder / "llamagate.db"
+    store = open_store(path)
+    try:
+        key, record = issue_key("bench", frozenset({"inference", "admin"}), time.time())
+        store.add_key(record)
+    finally:
+        store.close()
+    return path, key
+
+
 # --- phases ------------------------------------------------------------------------------------------
 async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="llamagate-bench-store-") as folder:
+        return await _measure_fake(args, procs, Path(folder) if args.store else None)
+
+
+async def _measure_fake(
+    args: argparse.Namespace, procs: list[subprocess.Popen[Any]], folder: Path | None
+) -> dict[str, Any]:
     secret = secrets.token_urlsafe(16)
     key, entry = new_key("bench", frozenset({"inference"}))
-    fake, fake_url = _python(
-        "tests.fakes.fake_llama", f"--secret={secret}", "--tokens", "16"
-    )  # a secret may start with "-"
+    store = None
+    if folder is not None:
+        store, key = _store_with_key(folder)
+    fake, fake_url = _fake(secret)
     procs.append(fake)
     proxy, proxy_url = _proxy(
-        fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256
+        fake_url, secret, entry.key_id, entry.digest, args.loop, store, slots=256, max_concurrency=256
     )
     procs.append(proxy)
     direct_req = pc.chat_request(fake_url, secret, 16, False)
@@ -143,6 +191,7 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
     cpu = pc.cpu_seconds(proxy.pid) - cpu0
     events = sum(r.chunks for r in results)
     return {
+        "store": store is not None,
         "latency_direct_ms": d,
         "latency_proxy_ms": p,
         "added_p50_ms": p["p50"] - d["p50"],
@@ -155,6 +204,71 @@ async def _fake_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any
         "sse_tokens": sum(r.ex.content_events for r in results),
         "cpu_ms_per_event": cpu / max(1, events) * 1000,
     }
+
+
+async def _accounts_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="llamagate-bench-store-") as folder:
+        return await _measure_accounts(args, procs, Path(folder))
+
+
+async def _measure_accounts(
+    args: argparse.Namespace, procs: list[subprocess.Popen[Any]], folder: Path
+) -> dict[str, Any]:
+    """The same closed loop through a proxy without a store and one with it, alternating which goes first
+    round by round, so that a busy shared host's drift hits both alike; CPU per request of each proxy."""
+    secret = secrets.token_urlsafe(16)
+    key, entry = new_key("bench", frozenset({"inference"}))
+    store, store_key = _store_with_key(folder)
+    fake, fake_url = _fake(secret)
+    procs.append(fake)
+    off, off_url = _proxy(
+        fake_url, secret, entry.key_id, entry.digest, args.loop, slots=256, max_concurrency=256
+    )
+    procs.append(off)
+    on, on_url = _proxy(
+        fake_url, secret, entry.key_id, entry.digest, args.loop, store, slots=256, max_concurrency=256
+    )
+    procs.append(on)
+    sides = {"off": (off, off_url, key), "on": (on, on_url, store_key)}
+    rounds: list[dict[str, Any]] = []
+    for stream in (False, True):
+        for _, url, k in sides.values():  # warm both: imports, caches, the store's first pages
+            await pc.throughput(url, pc.chat_request(url, k, 16, stream), args.concurrency, 1.0)
+    for i in range(args.rounds):
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        row: dict[str, Any] = {"round": i + 1, "first": order[0]}
+        for stream in (False, True):
+            kind = "stream" if stream else "whole"
+            for name in order:
+                proc, url, k = sides[name]
+                cpu0 = pc.cpu_seconds(proc.pid)
+                done, elapsed, failed = await pc.throughput(
+                    url, pc.chat_request(url, k, 16, stream), args.concurrency, args.duration
+                )
+                if failed:
+                    raise StartupError(f"{failed} requests through the proxy ({name}) did not answer 200")
+                row[f"{kind}_{name}_cpu_ms"] = (pc.cpu_seconds(proc.pid) - cpu0) / max(1, done) * 1000
+                row[f"{kind}_{name}_rps"] = done / elapsed
+        rounds.append(row)
+        print(json.dumps(row), flush=True)
+    out: dict[str, Any] = {"rounds": rounds, "concurrency": args.concurrency, "duration_s": args.duration}
+    for kind in ("whole", "stream"):
+        off_ms = statistics.median(r[f"{kind}_off_cpu_ms"] for r in rounds)
+        on_ms = statistics.median(r[f"{kind}_on_cpu_ms"] for r in rounds)
+        out[f"{kind}_cpu_ms"] = {"off": off_ms, "on": on_ms, "ratio": on_ms / off_ms}
+    out["accounts_cpu_ratio"] = max(out["whole_cpu_ms"]["ratio"], out["stream_cpu_ms"]["ratio"])
+    out["ledger_rows"] = _ledger_rows(store)
+    out["load_average"] = os.getloadavg()
+    return out
+
+
+def _ledger_rows(store: Path) -> int:
+    """What the ledger wrote (every answered request of the store side): proof the run charged them."""
+    opened = open_store(store)
+    try:
+        return len(opened.usage_records())
+    finally:
+        opened.close()
 
 
 def _server_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -254,6 +368,10 @@ def _verdict(results: dict[str, Any]) -> list[str]:
         ]
     if model:
         checks.append(("TPOT proxy/direct", model["tpot_ratio"], 1.03, model["tpot_ratio"] <= 1.03))
+    accounts = results.get("accounts")
+    if accounts:
+        ratio, target = accounts["accounts_cpu_ratio"], TARGETS["accounts_cpu_ratio"]
+        checks.append(("proxy CPU per request, store on / off", ratio, target, ratio <= target))
     for name, value, target, ok in checks:
         lines.append(f"{'PASS' if ok else 'FAIL'}  {name}: {value:.3f} (target {target})")
     return lines
@@ -275,6 +393,9 @@ def handle(args: argparse.Namespace) -> int:
         if "model" in phases:
             print("phase model: TPOT through the proxy vs direct, overload ...", flush=True)
             results["model"] = asyncio.run(_model_phase(args, procs))
+        if "accounts" in phases:
+            print("phase accounts: proxy CPU per request, accounts store on vs off ...", flush=True)
+            results["accounts"] = asyncio.run(_accounts_phase(args, procs))
     print(json.dumps(results, indent=2, default=str))
     verdict = _verdict(results)
     print("\n".join(verdict))

@@ -4,6 +4,11 @@ It runs the same ``create_app`` and the same uvicorn settings as the daemon, min
 upstream is given: a fake or a llama-server the benchmark started), so the process's CPU time is the
 proxy's and nothing else's. The one key's id and digest come from the command line (never the key).
 
+``--store PATH``: with the accounts store on, as a daemon with ``store:`` runs it (its key view, budgets,
+usage ledger and writer thread), and the tenant given budgets far above what a run uses, so every
+request is checked, held and charged but none refused. The key is then looked up in the store (the
+benchmark puts it there), not in the config.
+
 ``python -m tests.benchmarks.proxy_server --upstream URL --port N --key-id ID --key-digest D ...``
 prints ``listening on http://127.0.0.1:PORT`` once it accepts connections.
 """
@@ -20,10 +25,11 @@ from collections.abc import Mapping
 
 import uvicorn
 
+from proxy.accounts.service import Accounts
 from proxy.app import create_app
 from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.models.lane import ModelEntry
-from proxy.settings import KeyEntry, ProxySettings, TenantSettings
+from proxy.settings import BudgetSettings, KeyEntry, ProxySettings, StoreSettings, TenantSettings
 from proxy.source import UpstreamSnapshot
 from supervisor import logs
 
@@ -39,13 +45,21 @@ class FixedUpstream:
         return {"upstream": self._snap.base_url, "benchmark": True}
 
 
+# Budgets that are checked, held and charged on every request, and never refuse one in a benchmark.
+UNREACHED = BudgetSettings(tokens_per_minute=10**12, tokens_per_day=10**15, requests_per_minute=10**9)
+
+
 def build_settings(args: argparse.Namespace) -> ProxySettings:
     tenant = TenantSettings(
         "bench",
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout_s,
+        budgets=UNREACHED if args.store else BudgetSettings(),
     )
+    if args.store:
+        store = StoreSettings(args.store)
+        return ProxySettings(tenants=(tenant,), access_log=args.access_log, store=store)
     key = KeyEntry(args.key_id, args.key_digest, "bench", frozenset({"inference", "admin"}))
     return ProxySettings(tenants=(tenant,), keys=(key,), access_log=args.access_log)
 
@@ -65,7 +79,10 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     settings = build_settings(args)
     source = FixedUpstream(snap)
-    app = create_app(settings, source, [ModelEntry(args.alias, (), source)])
+    accounts = Accounts.open(settings.store, settings.tenants) if settings.store else None
+    if accounts is not None:
+        accounts.start()
+    app = create_app(settings, source, [ModelEntry(args.alias, (), source)], accounts=accounts)
     config = uvicorn_config(
         app,
         FrontDoor(lambda: settings.door),
@@ -83,7 +100,11 @@ async def _serve(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     print(f"listening on http://127.0.0.1:{port}", flush=True)
-    await task
+    try:
+        await task
+    finally:
+        if accounts is not None:
+            await asyncio.to_thread(accounts.close)
 
 
 def main() -> None:
@@ -99,6 +120,9 @@ def main() -> None:
     parser.add_argument("--max-queue", type=int, default=1024)
     parser.add_argument("--queue-timeout-s", type=float, default=30.0)
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--store", help="the accounts store's file (its key is looked up there); default: none"
+    )
     parser.add_argument("--log-file", default=os.devnull)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args()

@@ -218,7 +218,12 @@ class FakeLlama:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
-            usage = {"completion_tokens": n, "prompt_tokens": 8, "total_tokens": n + 8}
+            usage = {
+                "completion_tokens": n,
+                "prompt_tokens": 8,
+                "total_tokens": n + 8,
+                "prompt_tokens_details": {"cached_tokens": 3},
+            }
             answer = {"choices": [choice], "model": self.alias, "object": "x", "usage": usage, "id": "fake"}
             return self._json(writer, 200, answer)
         finally:
@@ -287,16 +292,22 @@ class FakeLlama:
             writer.write(event)
             if i % 16 == 15:
                 await writer.drain()
-        usage = b'"usage":{"completion_tokens":%d,"prompt_tokens":8,"total_tokens":%d}' % (n, n + 8)
-        timings = b'"timings":{"predicted_n":%d,"predicted_ms":1.0}' % n
+        usage = (
+            b'"usage":{"completion_tokens":%d,"prompt_tokens":8,"total_tokens":%d,'
+            b'"prompt_tokens_details":{"cached_tokens":3}}' % (n, n + 8)
+        )
+        timings = b'"timings":{"cache_n":3,"prompt_n":5,"predicted_n":%d,"predicted_ms":1.0}' % n
         last = (
             b'{"finish_reason":"length","index":0,"delta":{}}'
             if chat
             else b'{"text":"","index":0,"finish_reason":"length"}'
         )
-        writer.write(_chunk(b'data: {"choices":[' + last + tail + b"," + timings + b"}\n\n"))
+        # As llama-server: the timings go on the last chunk, which is the usage chunk when one is asked for.
         if (payload.get("stream_options") or {}).get("include_usage"):
-            writer.write(_chunk(b'data: {"choices":[' + tail + b"," + usage + b"}\n\n"))
+            writer.write(_chunk(b'data: {"choices":[' + last + tail + b"}\n\n"))
+            writer.write(_chunk(b'data: {"choices":[' + tail + b"," + usage + b"," + timings + b"}\n\n"))
+        else:
+            writer.write(_chunk(b'data: {"choices":[' + last + tail + b"," + timings + b"}\n\n"))
         writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
         return True

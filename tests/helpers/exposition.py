@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.accounts.service import Accounts
+from proxy.accounts.sqlite import open_store
 from proxy.app import create_app
 from proxy.auth import new_key
 from proxy.metrics.llama import ModelsLlamaMetrics
@@ -74,6 +77,16 @@ def _llama_server(request: httpx.Request) -> httpx.Response:
 
 
 async def full_exposition() -> str:
+    with tempfile.TemporaryDirectory(prefix="llamagate-exposition-") as folder:
+        accounts = Accounts(open_store(Path(folder) / "llamagate.db"), (TenantSettings("ops"),))
+        try:
+            return await _exposition(accounts)
+        finally:
+            accounts.close()
+
+
+async def _exposition(accounts: Accounts) -> str:
+    """With an accounts store (its ledger's series exist only then), not started: nothing is written."""
     driver = FakeDriver()
     admin_key, admin = new_key("ops", frozenset({"admin", "inference"}))
     llama = ModelsLlamaMetrics.single(
@@ -87,6 +100,7 @@ async def full_exposition() -> str:
             SupervisorCollector.single(driver, lambda: "gemma-3-270m", clock=lambda: 2.0),
             llama,
         ],
+        accounts=accounts,
     )
     headers = {"authorization": f"Bearer {admin_key}"}
     try:

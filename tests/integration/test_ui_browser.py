@@ -330,6 +330,31 @@ def test_status_and_playground_in_chromium(
         assert previous_end is not None and start >= previous_end, polls
 
 
+def test_the_status_view_shows_each_tenants_tokens_today_from_the_ledger(
+    daemon_factory: DaemonFactory, browser: Any, screenshots: Path, tmp_path: Path
+) -> None:
+    d = daemon_factory({"store": {"path": str(tmp_path / "state" / "llamagate.db")}})
+    answer = httpx.post(
+        f"{d.base_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {d.inference_key}"},
+        timeout=120,
+        trust_env=False,
+    )
+    answer.raise_for_status()
+    tokens = answer.json()["usage"]["total_tokens"]
+    page = Page(browser, d, screenshots)
+    browser.get(d.base_url + "/ui/")
+    page.enter_key(d.admin_key)
+    # The ledger writes within a second, the page polls every 3 s: the tenant's tokens today appear.
+    page.wait(
+        lambda: page.rows("tenants-body") == [["default", "0 / 2", "0 / 8", str(tokens)]],
+        "the tenant's tokens today",
+    )
+    assert page.el("tenants-tokens").is_displayed() and page.text("tenants-tokens") == "tokens today"
+    page.shot("status-tokens-today.png")
+
+
 def test_each_model_of_a_several_model_daemon_in_chromium(
     daemon_factory: DaemonFactory, browser: Any, screenshots: Path
 ) -> None:

@@ -70,6 +70,7 @@ def exported_labels() -> dict[str, set[str]]:
     request = ProxyMetrics(CollectorRegistry())
     request.observe_request("team", "chat", "/v1/chat/completions", 429, 0.5, "queue_full", 0.1, 0.2, 0.01, 3)
     request.observe_replay("chat", "closed")
+    request.observe_usage("team", "chat", 8, 3, 4)  # and its usage, charged to the ledger
     text = asyncio.run(full_exposition()) + request.render().decode()
     for family in text_string_to_metric_families(text):
         name = family.name + ("_total" if family.type == "counter" else "")
@@ -88,9 +89,15 @@ def test_every_documented_label_set_is_the_exported_one() -> None:
         if exported_sets.get(name) != labels
     }
     assert not wrong, f"documented labels (left) differ from the exported ones (right): {wrong}"
-    # Every series carries the served model, but the host's own memory figures.
+    # Every series carries the served model, but the host's own memory figures and the usage ledger's
+    # queue (one store for the whole daemon).
     unlabelled = sorted(name for name, labels in exported_sets.items() if "model" not in labels)
     assert [n for n in unlabelled if n.startswith(("llamagate_", "llamacpp_"))] == [
         "llamagate_host_memory_available_bytes",
+        "llamagate_ledger_dropped_records_total",
+        "llamagate_ledger_pending_records",
+        "llamagate_ledger_unwritten_records_total",
+        "llamagate_ledger_write_errors_total",
+        "llamagate_ledger_written_records_total",
         "llamagate_memory_headroom_bytes",
     ]

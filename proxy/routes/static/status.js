@@ -1,5 +1,6 @@
-// The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load
-// and /slots. One round at a time (see poller.js); each request gives up after api.js's timeout.
+// The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load,
+// /admin/usage (each tenant's tokens today, when the daemon has an accounts store) and /slots. One round
+// at a time (see poller.js); each request gives up after api.js's timeout.
 //
 // Several models (/readyz has "models"): one row per model, its slots from /admin/load's "models"
 // (admin) or /readyz's (else). No /slots then: /slots?model= of an unloaded model only answers 503,
@@ -50,9 +51,25 @@ function renderReady({ body: r, retryAfter }) {
   return childMessage(r, retryAfter);
 }
 
-function renderTenants(load) {
+// Today's usage as /admin/usage reports it (UTC days, as `llamagate usage --by day`): since 00:00 UTC.
+function usageToday() {
+  const day = new Date().toISOString().slice(0, 10);
+  return `/admin/usage?by=tenant&since=${day}`;
+}
+
+// ``usage``: /admin/usage's answer, or null without a store (then no tokens column).
+function renderTenants(load, usage) {
   const body = document.getElementById("tenants-body");
-  const rows = load.tenants.map((t) => {
+  const tokens = new Map((usage ? usage.rows : []).map((r) => [r.tenant, r.total_tokens]));
+  document.getElementById("tenants-tokens").hidden = !usage;
+  const tenants = [...load.tenants];
+  for (const name of tokens.keys()) {
+    // A tenant with usage today but nothing in flight now, that the gate has not met since the start.
+    if (!tenants.some((t) => t.name === name)) {
+      tenants.push({ name, in_flight: 0, queued: 0, max_concurrency: null, max_queue: null });
+    }
+  }
+  const rows = tenants.map((t) => {
     const tr = document.createElement("tr");
     // Several models: the counts are every model's together, and a tenant's limits apply per model.
     const cells = [
@@ -60,6 +77,7 @@ function renderTenants(load) {
       several || t.max_concurrency === null ? t.in_flight : `${t.in_flight} / ${t.max_concurrency}`,
       several || t.max_queue === null ? t.queued : `${t.queued} / ${t.max_queue}`,
     ];
+    if (usage) cells.push(tokens.get(t.name) ?? 0);
     for (const text of cells) {
       const td = document.createElement("td");
       td.textContent = String(text);
@@ -148,11 +166,12 @@ async function readAdmin() {
     const identity = await getJson("/admin/identity");
     keyState.scope = "admin";
     keyState.message = "";
-    const [load, slots] = await Promise.allSettled([
+    const [load, slots, usage] = await Promise.allSettled([
       getJson("/admin/load"),
       several ? Promise.resolve(null) : getJson("/slots"),
+      getJson(usageToday()),
     ]);
-    return { identity, load, slots };
+    return { identity, load, slots, usage };
   } catch (err) {
     if (!(err instanceof ApiError)) throw err;
     if (err.status === 401) {
@@ -191,7 +210,8 @@ export async function pollStatus() {
   if (ready.status === "fulfilled") renderModels(ready.value.body.models, load && load.models);
   if (a) {
     renderIdentity(a.identity);
-    if (load) renderTenants(load);
+    // Without a store, /admin/usage answers 404: the tokens column stays hidden.
+    if (load) renderTenants(load, a.usage.status === "fulfilled" ? a.usage.value : null);
     if (several) {
       // Every model's permits together (each model's own row is in the models table).
       setText("st-slots", load ? `${load.in_flight} / ${load.slots} (every model)` : null);

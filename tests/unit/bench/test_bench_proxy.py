@@ -27,3 +27,22 @@ def test_fake_phase_reports_every_figure(tmp_path: Path) -> None:
     assert fake["cpu_ms_per_event"] >= 0
     assert record["host"]["cpu_logical"] >= 1
     assert "added latency p50" in proc.stdout
+
+
+def test_accounts_phase_runs_two_proxies_and_the_store_side_charges_every_answer(tmp_path: Path) -> None:
+    out = tmp_path / "proxy.json"
+    argv = [sys.executable, "-m", "tests.benchmarks.proxy", "--phases", "accounts", "--rounds", "2"]
+    argv += ["--duration", "0.5", "--concurrency", "2", "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
+    assert proc.returncode in (0, 1) and out.exists(), proc.stderr[-3000:]
+    accounts = json.loads(out.read_text())["accounts"]
+    rounds = accounts["rounds"]
+    assert [r["first"] for r in rounds] == ["off", "on"]  # alternating which side goes first
+    assert all(
+        r[f"{kind}_{side}_rps"] > 0 for r in rounds for kind in ("whole", "stream") for side in ("off", "on")
+    )
+    assert accounts["whole_cpu_ms"]["ratio"] > 0 and accounts["stream_cpu_ms"]["ratio"] > 0
+    # Every answer of the store side is a ledger row (the warm-up's too), so the ledger did run.
+    answered = sum(r[f"{kind}_on_rps"] for r in rounds for kind in ("whole", "stream")) * 0.5
+    assert accounts["ledger_rows"] >= 0.9 * answered
+    assert "proxy CPU per request, store on / off" in proc.stdout

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from proxy.accounts.service import Accounts
 from proxy.app import create_app
 from proxy.auth import new_key
 from proxy.models.lane import Lane, ModelEntry
@@ -87,7 +88,10 @@ def default_settings(entries: dict[str, KeyEntry], **changes: object) -> ProxySe
 def proxy_factory() -> ProxyFactory:
     @asynccontextmanager
     async def make(
-        fake: FakeLlama | None = None, snapshot: dict[str, object] | None = None, **changes: object
+        fake: FakeLlama | None = None,
+        snapshot: dict[str, object] | None = None,
+        accounts: Accounts | None = None,
+        **changes: object,
     ) -> AsyncIterator[Proxy]:
         fake = fake or FakeLlama(secret=SECRET, tokens=4)
         if not fake.port:
@@ -103,7 +107,7 @@ def proxy_factory() -> ProxyFactory:
             keys[name], entries[name] = new_key(tenant, frozenset(scopes))  # type: ignore[arg-type]
         settings = default_settings(entries, **changes)
         source = StaticSource(snapshot_for(fake.base_url, SECRET, **(snapshot or {})))
-        app = create_app(settings, source, one_model(source, "gpt-4o-mini"))
+        app = create_app(settings, source, one_model(source, "gpt-4o-mini"), accounts=accounts)
         async with serve(app) as url:
             yield Proxy(app, url, source, fake, keys, entries, settings)
         await fake.stop()

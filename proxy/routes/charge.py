@@ -1,0 +1,187 @@
+"""One generation request's account: its budgets asked at admission, its usage charged at the end.
+
+``Inference`` opens a charge around each request (``open_charge``: without a store, ``NO_CHARGE``, whose
+every step does nothing) and calls it at two points, each a line in ``proxy.routes.inference``:
+
+- ``admit(sequences, ctx_per_slot)``, once the request's cost is known and before it takes a slot or
+  joins a queue: the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
+  with the 429 of the spent budget (``Retry-After``: when the window has room). Its reserve is an upper
+  bound of what it can use: every sequence at most fills its slot's context (llama-server stops a
+  sequence there: context shift is off), so a budget smaller than that runs one such request at a time;
+- ``relay`` is set to the request's ``Relay`` (built with ``tap(...)``, which reads the usage a whole
+  or assembled answer reports; a stream's is in its meter's report chunks: ``proxy.streams.usage``);
+  after a replay, the last attempt's relay, whose tap and meter
+  hold only that attempt's usage (a child that died before the client saw a byte is not charged).
+
+At the end (``__exit__``): a request that reached the child is charged the usage the child reported (a
+client that left: the completion tokens the meter counted until then, and the prompt if it was
+reported) to the budgets and the ledger (``UsageRecord``: never a prompt or a completion), and the
+``llamagate_usage_tokens`` series; one that never reached it (refused later, timed out in the queue, the
+client left while it waited) only gives its budget hold back.
+
+A budgeted caller's rate-limit headers (``x-ratelimit-*``, as admission left its windows) are put on the
+request (``RequestContext.extra_headers``): the one layer that starts every answer adds them, to a 200
+as to any error, a 429 of the budgets included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+
+from proxy.accounts.budgets import Refusal, Ticket
+from proxy.accounts.records import UsageRecord
+from proxy.accounts.service import Accounts, MemoryBudgets
+from proxy.asgi.context import RequestContext
+from proxy.asgi.disconnect import ClientGone
+from proxy.auth import Principal
+from proxy.errors import ProxyError
+from proxy.metrics.proxy import ProxyMetrics
+from proxy.state import ProxyState
+from proxy.streams.formats import StreamFormat
+from proxy.streams.relay import Relay
+from proxy.streams.usage import UsageTap
+
+
+class Charge:
+    __slots__ = (
+        "_accounts",
+        "_ctx",
+        "_key_budgets",
+        "_kind",
+        "_metrics",
+        "_model",
+        "_ticket",
+        "relay",
+        "who",
+    )
+
+    def __init__(
+        self,
+        accounts: Accounts | MemoryBudgets,
+        metrics: ProxyMetrics,
+        ctx: RequestContext,
+        who: Principal,
+        model: str,
+        kind: str,
+    ) -> None:
+        self._accounts = accounts
+        self._metrics = metrics
+        self._ctx = ctx
+        self.who = who
+        self._key_budgets = who.budgets
+        self._model = model
+        self._kind = kind
+        self._ticket: Ticket | None = None
+        self.relay: Relay | None = None
+
+    def __enter__(self) -> Charge:
+        return self
+
+    # -- at admission -------------------------------------------------------------------------------
+    def admit(self, sequences: int, ctx_per_slot: int) -> None:
+        """Ask the budgets; raise the 429 of a spent one (with the rate-limit headers)."""
+        who = self.who
+        reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
+        now = time.time()
+        got = self._accounts.admit(
+            who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
+        )
+        if isinstance(got, Refusal):
+            # Its rate-limit headers ride on the answer like those of any other (``extra_headers``).
+            lines = self._accounts.header_lines(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
+            self._ctx.extra_headers = lines
+            raise got.error()
+        self._ticket = got
+        self._ctx.extra_headers = got.headers  # every answer to it carries them, errors too
+
+    def tap(self, fmt: StreamFormat) -> UsageTap:
+        return UsageTap(fmt.usage)
+
+    # -- at the end ---------------------------------------------------------------------------------
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        ticket, relay, ctx = self._ticket, self.relay, self._ctx
+        now = time.time()
+        if ticket is None:
+            return  # refused by the budgets, or before them: nothing held
+        if relay is None or not relay.exchange.sent:
+            self._accounts.budgets.release(ticket, now)
+            return
+        meter = relay.meter
+        usage = relay.usage.result(meter.reports if meter is not None else ()) if relay.usage else None
+        prompt = usage.prompt if usage is not None else 0
+        cached = usage.cached if usage is not None else 0
+        completion = usage.completion if usage is not None else 0
+        if (usage is None or not usage.reported) and meter is not None:
+            completion = max(completion, meter.tokens)  # cut short: what was generated until then
+        who = self.who
+        record = UsageRecord(
+            who.tenant,
+            who.key_id,
+            self._model,
+            self._kind,
+            prompt,
+            cached,
+            completion,
+            _status(ctx, exc),
+            time.monotonic() - ctx.started,
+            now,
+            ctx.request_id,
+        )
+        self._accounts.finish(ticket, record)
+        self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)
+
+
+def _status(ctx: RequestContext, exc: BaseException | None) -> int:
+    """The status the client got (or is about to get: the error being answered)."""
+    if ctx.response_started:
+        return ctx.status
+    if isinstance(exc, ProxyError):
+        return exc.status
+    if exc is None:
+        return ctx.status or 200
+    if isinstance(exc, ClientGone | asyncio.CancelledError):
+        return 499  # nginx's "client closed request", as the access log says
+    return 500
+
+
+class _NoCharge:
+    """Without a store: every step does nothing (one shared instance, no state)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoCharge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def admit(self, sequences: int, ctx_per_slot: int) -> None:
+        return None
+
+    def tap(self, fmt: StreamFormat) -> None:
+        return None
+
+    @property
+    def relay(self) -> Relay | None:
+        return None
+
+    @relay.setter
+    def relay(self, relay: Relay | None) -> None:
+        pass
+
+
+NO_CHARGE = _NoCharge()
+
+
+def open_charge(
+    state: ProxyState, ctx: RequestContext, who: Principal, model: str, kind: str
+) -> Charge | _NoCharge:
+    """The charge of one request of ``kind`` (its route's) to ``model``; ``NO_CHARGE`` without a store.
+    The tenant's budgets are the accounts' own (``Accounts.reconfigure``), found by its name."""
+    if state.book is None:
+        return NO_CHARGE
+    return Charge(state.book, state.metrics, ctx, who, model, kind)

@@ -1,0 +1,399 @@
+"""The accounts store on the request path, through the whole app (uvicorn + the fake child) and a real
+SQLite file: store keys accepted and refused as config keys are, a key's models, the budgets at
+admission with OpenAI's rate-limit headers, the usage each answer is charged, and the admin routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.accounts.issue import issue_key
+from proxy.accounts.records import UsageRecord
+from proxy.accounts.service import Accounts
+from proxy.accounts.sqlite import open_store
+from proxy.models.lane import ModelEntry
+from proxy.settings import BudgetSettings, Scope, TenantSettings
+from tests.fakes.fake_upstream import FakeLlama, eventually
+from tests.unit.proxy.conftest import SECRET, Proxy, ProxyFactory
+
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+INFERENCE: frozenset[Scope] = frozenset({"inference"})
+# What the fake child reports for every answer of n tokens: 8 prompt tokens, 3 of them cached.
+PROMPT, CACHED = 8, 3
+
+
+def tenants(queue_timeout_s: float = 10, **budgets: int) -> tuple[TenantSettings, ...]:
+    team = BudgetSettings(**budgets)
+    return (
+        TenantSettings("team", max_concurrency=4, max_queue=8, queue_timeout_s=queue_timeout_s, budgets=team),
+        TenantSettings("other", max_concurrency=4, max_queue=8, queue_timeout_s=10),
+        TenantSettings("ops", max_concurrency=4, max_queue=8, queue_timeout_s=10),
+    )
+
+
+Served = Callable[..., AbstractAsyncContextManager[tuple[Proxy, Accounts]]]
+
+
+@pytest.fixture
+def served(proxy_factory: ProxyFactory, tmp_path: Path) -> Served:
+    """The proxy with an ``Accounts`` on a fresh store file, started and closed around the test."""
+
+    @asynccontextmanager
+    async def make(
+        fake: FakeLlama | None = None, queue_timeout_s: float = 10, **budgets: int
+    ) -> AsyncIterator[tuple[Proxy, Accounts]]:
+        configured = tenants(queue_timeout_s, **budgets)
+        accounts = Accounts(open_store(tmp_path / "llamagate.db"), configured, poll_s=0.05, interval_s=0.05)
+        accounts.start()
+        try:
+            async with proxy_factory(fake, accounts=accounts, tenants=configured) as p:
+                yield p, accounts
+        finally:
+            accounts.close()
+
+    return make
+
+
+def records(accounts: Accounts) -> list[UsageRecord]:
+    assert accounts.flush(10.0)
+    return accounts.store.usage_records()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def store_key(accounts: Accounts, tenant: str = "team", **kw: object) -> tuple[str, str]:
+    key, record = issue_key(tenant, INFERENCE, time.time(), **kw)  # type: ignore[arg-type]
+    accounts.store.add_key(record)
+    return key, record.key_id
+
+
+# -- keys -------------------------------------------------------------------------------------------
+
+
+async def test_a_store_key_made_while_serving_answers_and_once_revoked_gets_the_unknown_keys_401(
+    served: Served,
+) -> None:
+    async with served() as (p, accounts), httpx.AsyncClient(base_url=p.url, timeout=30) as c:
+        key, key_id = store_key(accounts)
+        await eventually(lambda: key_id in accounts.view._keys, 2.0)  # the poll, not a reload
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        assert r.status_code == 200, r.text
+        unknown = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key[:-4] + "AAAA"))
+        accounts.store.revoke_key(key_id, time.time())
+        await eventually(lambda: key_id not in accounts.view._keys, 2.0)
+        revoked = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        assert revoked.status_code == unknown.status_code == 401
+        assert revoked.json() == unknown.json()
+        assert revoked.headers["www-authenticate"] == unknown.headers["www-authenticate"]
+
+
+async def test_an_expired_store_key_gets_the_same_401(served: Served) -> None:
+    async with served() as (p, accounts), httpx.AsyncClient(base_url=p.url, timeout=30) as c:
+        key, key_id = store_key(accounts, expires=time.time() - 1)
+        await eventually(lambda: key_id in accounts.view._keys, 2.0)  # loaded, expired at the lookup
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_a_key_limited_to_one_model_gets_a_403_naming_its_limit_for_another(served: Served) -> None:
+    async with served() as (p, accounts), httpx.AsyncClient(base_url=p.url, timeout=30) as c:
+        p.serve_models(ModelEntry("a", (), p.source), ModelEntry("b", (), p.source))
+        key, key_id = store_key(accounts, models=("a",))
+        await eventually(lambda: key_id in accounts.view._keys, 2.0)
+        ok = await c.post("/v1/chat/completions", json={**CHAT, "model": "a"}, headers=bearer(key))
+        assert ok.status_code == 200, ok.text
+        refused = await c.post("/v1/chat/completions", json={**CHAT, "model": "b"}, headers=bearer(key))
+        assert refused.status_code == 403
+        assert (
+            refused.json()["error"]["message"]
+            == "this API key may not use the model 'b'; it is limited to 'a'"
+        )
+        # The counting routes pick a model too: the same limit.
+        count = await c.post("/tokenize", json={"model": "b", "content": "x"}, headers=bearer(key))
+        assert count.status_code == 403
+
+
+# -- usage ------------------------------------------------------------------------------------------
+
+
+async def test_a_non_streamed_answer_is_charged_exactly_its_usage(served: Served) -> None:
+    async with served() as (p, accounts), p.client("admin") as c:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5})
+        assert r.status_code == 200
+        usage = r.json()["usage"]
+        (rec,) = records(accounts)
+        assert (
+            (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens)
+            == (
+                usage["prompt_tokens"],
+                usage["prompt_tokens_details"]["cached_tokens"],
+                usage["completion_tokens"],
+            )
+            == (PROMPT, CACHED, 5)
+        )
+        assert (rec.tenant, rec.key_id, rec.model, rec.kind, rec.status) == (
+            "ops",
+            p.entries["admin"].key_id,
+            "gemma-3-270m",
+            "chat",
+            200,
+        )
+        assert rec.request_id == r.headers["x-request-id"] and rec.duration_s > 0
+
+
+async def test_a_stream_that_did_not_ask_for_usage_is_charged_from_its_timings_and_left_alone(
+    served: Served,
+) -> None:
+    async with served() as (p, accounts), p.client("admin") as c:
+        body = {**CHAT, "max_tokens": 6, "stream": True}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line]
+        assert "stream_options" not in json.loads(p.fake.last_body)  # nothing asked of the child
+        assert lines[-1] == "data: [DONE]"
+        events = [json.loads(line[6:]) for line in lines[:-1]]
+        assert all(e["choices"] for e in events) and not any("usage" in e for e in events)
+        # The fake's timings: cache_n 3 + prompt_n 5 = the 8 prompt tokens its usage would say.
+        assert events[-1]["timings"] == {"cache_n": 3, "prompt_n": 5, "predicted_n": 6, "predicted_ms": 1.0}
+        (rec,) = records(accounts)
+        assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens) == (PROMPT, CACHED, 6)
+
+
+async def test_a_stream_that_asked_for_usage_gets_its_usage_chunk_and_is_charged_what_it_says(
+    served: Served,
+) -> None:
+    async with served() as (p, accounts), p.client("admin") as c:
+        body = {**CHAT, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line]
+        usage = json.loads(lines[-2][6:])["usage"]
+        (rec,) = records(accounts)
+        assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens) == (
+            usage["prompt_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"],
+            usage["completion_tokens"],
+        )
+
+
+async def test_a_client_that_leaves_a_stream_is_charged_what_was_generated_until_then(served: Served) -> None:
+    fake = FakeLlama(secret=SECRET, tokens=4)
+    async with served(fake) as (p, accounts), p.client() as c:
+        body = {**CHAT, "max_tokens": 500, "stream": True, "fake_token_interval_ms": 20}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 5:
+                    break
+        # Charged once the proxy has noticed (the writer may already have written it).
+        await eventually(lambda: (s := accounts.stats()).pending + s.written > 0, 5.0)
+        (rec,) = records(accounts)
+        assert 4 <= rec.completion_tokens < 500  # the role chunk carries no token; the meter counts the rest
+        assert rec.prompt_tokens == 0  # never reported: the child stopped before its last chunk
+
+
+async def test_an_admitted_request_that_never_reaches_the_child_is_not_a_ledger_row(served: Served) -> None:
+    async with served() as (p, accounts), p.client() as c:
+        p.source.update(ready=False, state="BACKOFF", reason="restarting")
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 503
+        assert records(accounts) == []
+
+
+# -- budgets ----------------------------------------------------------------------------------------
+
+
+async def test_a_spent_token_budget_is_a_429_naming_it_before_any_slot_with_the_rate_limit_headers(
+    served: Served,
+) -> None:
+    async with served(tokens_per_minute=20) as (p, _), p.client() as c:
+        first = await c.post("/v1/chat/completions", json=CHAT)  # 8 prompt + 4 completion = 12
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-limit-tokens"] == "20"
+        second = await c.post("/v1/chat/completions", json=CHAT)  # 12 < 20: admitted, overshoots to 24
+        assert second.status_code == 200
+        requests_before = p.fake.requests
+        third = await c.post("/v1/chat/completions", json=CHAT)
+        assert third.status_code == 429
+        error = third.json()["error"]
+        assert (error["type"], error["code"]) == ("tokens", "tokens_per_minute")
+        assert 1 <= int(third.headers["retry-after"]) <= 60
+        assert third.headers["x-ratelimit-limit-tokens"] == "20"
+        assert third.headers["x-ratelimit-remaining-tokens"] == "0"
+        assert third.headers["x-ratelimit-reset-tokens"].endswith("s")
+        assert p.fake.requests == requests_before  # never reached the child
+        assert p.lane.admission.in_flight == 0 and p.lane.admission.queued == 0
+        # Another tenant is not affected, and unbudgeted answers carry no rate-limit headers.
+        async with p.client("other") as other:
+            r = await other.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200 and "x-ratelimit-limit-tokens" not in r.headers
+
+
+async def test_a_requests_per_minute_budget_counts_requests(served: Served) -> None:
+    async with served(requests_per_minute=2) as (p, _), p.client() as c:
+        for _ in range(2):
+            ok = await c.post("/v1/chat/completions", json=CHAT)
+            assert ok.status_code == 200
+        assert ok.headers["x-ratelimit-remaining-requests"] == "0"
+        r = await c.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 429 and r.json()["error"]["type"] == "requests"
+        assert r.headers["x-ratelimit-limit-requests"] == "2"
+
+
+async def test_a_store_keys_own_budget_applies_to_that_key_only(served: Served) -> None:
+    async with served() as (p, accounts), httpx.AsyncClient(base_url=p.url, timeout=30) as c:
+        key, key_id = store_key(accounts, budgets=BudgetSettings(requests_per_minute=1))
+        await eventually(lambda: key_id in accounts.view._keys, 2.0)
+        assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        assert r.status_code == 429 and f"key {key_id}" in r.json()["error"]["message"]
+        async with p.client() as same_tenant:  # a config key of the same tenant
+            assert (await same_tenant.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_a_running_stream_is_never_cut_by_its_budget(served: Served) -> None:
+    async with served(tokens_per_minute=10) as (p, accounts), p.client() as c:
+        body = {**CHAT, "max_tokens": 40, "stream": True}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        (rec,) = records(accounts)
+        assert rec.completion_tokens == 40 and rec.status == 200  # far past the budget, charged in full
+
+
+async def test_a_queue_timeout_gives_its_budget_hold_back_and_carries_the_headers(served: Served) -> None:
+    fake = FakeLlama(secret=SECRET, tokens=4)
+    async with served(fake, queue_timeout_s=0.2, requests_per_minute=100) as (p, accounts), p.client() as c:
+        p.source.update(slots=1)
+        slow = asyncio.create_task(
+            c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 1500}, timeout=30)
+        )
+        await eventually(lambda: p.lane.admission.in_flight == 1, 5.0)
+        waited = await c.post("/v1/chat/completions", json=CHAT)
+        assert waited.status_code == 429 and "waited" in waited.json()["error"]["message"]
+        assert waited.headers["x-ratelimit-limit-requests"] == "100"
+        assert (await slow).status_code == 200
+        assert len(records(accounts)) == 1  # the one that was answered
+
+
+# -- admin routes -----------------------------------------------------------------------------------
+
+
+async def test_admin_routes_make_list_and_revoke_keys_in_force_at_once(served: Served) -> None:
+    async with served() as (p, accounts), p.client("admin") as admin:
+        made = await admin.post(
+            "/admin/keys",
+            json={
+                "tenant": "team",
+                "name": "ci",
+                "models": ["gemma-3-270m"],
+                "expires": "1d",
+                "budgets": {"tokens_per_day": 1000},
+            },
+        )
+        assert made.status_code == 201, made.text
+        new = made.json()
+        assert new["key"].startswith("lg_" + new["id"]) and new["tenant"] == "team"
+        assert new["scopes"] == ["inference"] and new["tokens_per_day"] == 1000 and new["status"] == "active"
+        async with httpx.AsyncClient(base_url=p.url, timeout=30, headers=bearer(new["key"])) as c:
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200  # no poll wait
+            listed = await admin.get("/admin/keys")
+            assert listed.status_code == 200
+            (row,) = [k for k in listed.json()["keys"] if k["id"] == new["id"]]
+            assert "key" not in row and "digest" not in row and new["key"] not in listed.text
+            digest = accounts.store.get_key(new["id"]).digest  # type: ignore[union-attr]
+            assert digest.split(":")[1] not in listed.text
+            gone = await admin.delete(f"/admin/keys/{new['id']}")
+            assert gone.status_code == 200 and gone.json()["status"] == "revoked"
+            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 401
+
+
+async def test_admin_key_routes_refuse_bad_input_by_name(served: Served) -> None:
+    async with served() as (p, _), p.client("admin") as admin:
+        cases = [
+            ({"tenant": "nobody"}, "'tenant' must name a configured tenant"),
+            ({"tenant": "team", "scopes": ["root"]}, "'scopes'"),
+            ({"tenant": "team", "models": ["nope"]}, "'models': 'nope' not served"),
+            ({"tenant": "team", "expires": "soon"}, "'expires' 'soon'"),
+            ({"tenant": "team", "budgets": {"tokens_per_minute": 0}}, "'budgets.tokens_per_minute'"),
+            ({"tenant": "team", "colour": "red"}, "unknown field(s) colour"),
+        ]
+        for body, message in cases:
+            r = await admin.post("/admin/keys", json=body)
+            assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
+        assert (await admin.delete("/admin/keys/0123456789ab")).status_code == 404
+        assert (await admin.delete("/admin/keys/NOTANID")).status_code == 404
+        assert (await admin.delete("/admin/keys/")).status_code == 404  # no segment: not the row
+        assert (await admin.delete("/admin/keys/0123456789ab/x")).status_code == 404
+        wrong = await admin.get("/admin/keys/0123456789ab")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "DELETE"
+        async with p.client("user") as user:
+            assert (await user.get("/admin/keys")).status_code == 403
+            assert (await user.delete("/admin/keys/0123456789ab")).status_code == 403
+
+
+async def test_admin_usage_answers_what_the_usage_command_prints(served: Served) -> None:
+    async with served() as (p, accounts), p.client("admin") as admin:
+        async with p.client("user") as user:
+            for n in (3, 5):
+                assert (
+                    await user.post("/v1/chat/completions", json={**CHAT, "max_tokens": n})
+                ).status_code == 200
+        assert (await admin.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert accounts.flush(10.0)
+        r = await admin.get("/admin/usage", params={"by": "tenant"})
+        assert r.status_code == 200
+        body = r.json()
+        assert body["by"] == "tenant" and body["since"] is None
+        rows = {row["tenant"]: row for row in body["rows"]}
+        assert rows["team"]["requests"] == 2 and rows["team"]["completion_tokens"] == 8
+        assert rows["team"]["prompt_tokens"] == 2 * PROMPT and rows["team"]["cached_tokens"] == 2 * CACHED
+        assert body["total"]["requests"] == 3
+        only = (
+            await admin.get("/admin/usage", params={"tenant": "ops", "by": "model", "since": "1h"})
+        ).json()
+        assert [(row["tenant"], row["model"]) for row in only["rows"]] == [("ops", "gemma-3-270m")]
+        assert (await admin.get("/admin/usage", params={"by": "week"})).status_code == 400
+        assert (await admin.get("/admin/usage", params={"since": "yesterday"})).status_code == 400
+
+
+async def test_without_a_store_the_admin_routes_say_how_to_configure_one(proxy_factory: ProxyFactory) -> None:
+    async with proxy_factory() as p, p.client("admin") as admin:
+        r = await admin.get("/admin/keys")
+        assert r.status_code == 404 and "store" in r.json()["error"]["message"]
+        # And nothing is asked of the child that the client did not ask.
+        async with admin.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as s:
+            [line async for line in s.aiter_lines()]
+        assert "stream_options" not in json.loads(p.fake.last_body)
+
+
+async def test_the_usage_series_count_the_ledgers_tokens(served: Served) -> None:
+    async with served() as (p, accounts), p.client("admin") as admin:
+        assert (await admin.post("/v1/chat/completions", json={**CHAT, "max_tokens": 7})).status_code == 200
+        assert accounts.flush(10.0)
+        text = (await admin.get("/metrics")).text
+    labels = 'kind="{}",model="gemma-3-270m",tenant="ops"'
+    assert f"llamagate_usage_tokens_total{{{labels.format('prompt')}}} {float(PROMPT)}" in text
+    assert f"llamagate_usage_tokens_total{{{labels.format('cached')}}} {float(CACHED)}" in text
+    assert f"llamagate_usage_tokens_total{{{labels.format('completion')}}} 7.0" in text
+    assert "llamagate_ledger_written_records_total 1.0" in text
+    assert "llamagate_ledger_pending_records 0.0" in text
+
+
+async def test_budgets_without_a_store_are_kept_in_memory(proxy_factory: ProxyFactory) -> None:
+    async with proxy_factory(tenants=tenants(requests_per_minute=1)) as p, p.client() as c:
+        first = await c.post("/v1/chat/completions", json=CHAT)
+        assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "0"
+        second = await c.post("/v1/chat/completions", json=CHAT)
+        assert second.status_code == 429 and second.json()["error"]["code"] == "requests_per_minute"
+        assert second.headers["x-ratelimit-limit-requests"] == "1"
+        async with p.client("admin") as admin:
+            assert (await admin.get("/admin/usage")).status_code == 404  # no ledger without a store
