@@ -10,6 +10,7 @@
     │   └── ModelNotFound           404 model_not_found          "model" is not the served alias
     ├── MethodNotAllowed            405 invalid_request_error    + Allow
     ├── Conflict                    409 invalid_request_error    the operator's action contradicts config
+    ├── Cancelled                   410 cancelled_error          an operator cancelled the request
     ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
@@ -136,6 +137,23 @@ class Conflict(ProxyError):
     type = "invalid_request_error"
     code = "conflict"
     outcome = "rejected:conflict"
+
+
+class Cancelled(ProxyError):
+    """An operator cancelled the request (``DELETE /admin/requests/{id}``), queued or running.
+
+    410 rather than 409 or a 5xx: the OpenAI and Anthropic SDKs retry 408, 409, 429 and every 5xx on
+    their own, and a load balancer may send a 5xx on to another replica, which would undo the
+    operator's decision; 410 is retried by neither and says the request is gone on purpose. 499 is
+    nginx's word for a client that left, which the access log already uses."""
+
+    status = 410
+    type = "cancelled_error"
+    code = "cancelled_by_operator"
+    outcome = "cancelled"
+
+    def __init__(self, message: str = "the request was cancelled by an operator") -> None:
+        super().__init__(message)
 
 
 class PayloadTooLarge(ProxyError):

@@ -3,8 +3,10 @@
 What belongs to the door rather than to one model: settings, keys and tenants, every tenant's total
 across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
 connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
-of requests being handled (for the drain), the listener's state (``door``, for /readyz) and, with a store,
-the accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``).
+of requests being handled (for the drain), the generation requests queued or running (``inflight``,
+listed and cancelled by an operator: ``proxy.admission.inflight``), the listener's state (``door``, for
+/readyz) and, with a store, the accounts (``accounts``: keys made at run time, budgets, the usage
+ledger; ``proxy.accounts``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -21,6 +23,7 @@ from typing import Protocol
 from proxy.accounts.service import Accounts, MemoryBudgets, has_budgets
 from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
+from proxy.admission.inflight import InFlight
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
@@ -64,6 +67,8 @@ class ProxyState:
         self.count_rate = CountRate(settings.count_rate_per_s, settings.count_burst)
         # A tenant's slots across every model (tenants[].max_concurrency_total).
         self.totals = TenantTotals()
+        # Every generation request queued or running, for every model (``GET /admin/requests``).
+        self.inflight = InFlight()
         # Opened and started by the daemon (it owns the store's life); None: no store configured.
         self.accounts = accounts
         self._lookup = self._store_key if accounts is not None else None

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "serve",
     "status",
     "models",
+    "requests",
     "keys",
     "usage",
     "bench",

@@ -7,6 +7,11 @@ unwinds through admission (permit released or waiter removed) and the upstream r
 closed, which makes llama-server cancel the slot's task). Same mechanism as ``asyncio.timeout``: cancel,
 then ``uncancel`` at the boundary and raise ``ClientGone`` instead.
 
+An operator's cancel (``DELETE /admin/requests/{id}``, ``proxy.admission.inflight``) comes through the
+same door: ``cancel(error)`` cancels the request task the same way, and the boundary raises ``error``
+instead of ``ClientGone`` (a stream already under way ends with it as an error event, sent by the
+route before it gets here).
+
 The body must be fully read before entering: afterwards ``receive()`` has nothing else to deliver.
 """
 
@@ -17,19 +22,23 @@ from types import TracebackType
 
 from starlette.types import Receive
 
+from proxy.errors import ProxyError
+
 
 class ClientGone(Exception):
     """The client disconnected before the response was complete."""
 
 
 class ClientWatch:
-    __slots__ = ("_receive", "_task", "_watcher", "complete", "gone")
+    __slots__ = ("_receive", "_task", "_watcher", "cancelled", "complete", "gone")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._task: asyncio.Task[object] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.gone = False
+        # Set by ``cancel``: what the request ends with instead of its answer.
+        self.cancelled: ProxyError | None = None
         # Set by the relay just before the last body message: uvicorn reports "disconnect" once a
         # response is complete, which is not the client leaving.
         self.complete = False
@@ -39,9 +48,18 @@ class ClientWatch:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 break
-        if not self.complete and self._task is not None:
+        if not self.complete and self._task is not None and self.cancelled is None:
             self.gone = True
             self._task.cancel()
+
+    def cancel(self, error: ProxyError) -> bool:
+        """Stop the request where it waits and end it with ``error``; False when it is already ending
+        (its last bytes are on their way, its client left, or another cancel came first)."""
+        if self.complete or self.gone or self.cancelled is not None or self._task is None:
+            return False
+        self.cancelled = error
+        self._task.cancel()
+        return True
 
     async def __aenter__(self) -> ClientWatch:
         self._task = asyncio.current_task()
@@ -54,7 +72,11 @@ class ClientWatch:
         # No await in here: a cancel can only have landed inside the block, never after it.
         if self._watcher is not None:
             self._watcher.cancel()
-        if self.gone and self._task is not None:
-            self._task.uncancel()
+        # A cancel that comes after the block must not hit whatever the task does next.
+        task, self._task = self._task, None
+        if (self.gone or self.cancelled is not None) and task is not None:
+            task.uncancel()
             if exc_type is asyncio.CancelledError:
+                if self.cancelled is not None:
+                    raise self.cancelled from None
                 raise ClientGone from None

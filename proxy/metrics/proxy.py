@@ -69,16 +69,32 @@ class AdmissionCollector(Collector):
             "Slots held back after an abandoned request until the child has noticed the closed connection",
             labels=["model"],
         )
+        by_priority = (
+            GaugeMetricFamily(
+                "llamagate_priority_in_flight_requests",
+                "Slots held by requests of one priority (the request's own, not aged), by model",
+                labels=["model", "priority"],
+            ),
+            GaugeMetricFamily(
+                "llamagate_priority_queued_requests",
+                "Requests of one priority (the request's own, not aged) waiting for a slot, by model",
+                labels=["model", "priority"],
+            ),
+        )
         for model, admission in self._gates().items():
             for load in admission.loads():
                 in_flight.add_metric([model, load.name], load.in_flight)
                 queued.add_metric([model, load.name], load.queued)
             capacity.add_metric([model], admission.capacity)
             lingering.add_metric([model], admission.lingering)
+            for level in admission.priority_loads():
+                by_priority[0].add_metric([model, str(level.priority)], level.in_flight)
+                by_priority[1].add_metric([model, str(level.priority)], level.queued)
         yield in_flight
         yield queued
         yield capacity
         yield lingering
+        yield from by_priority
 
 
 class UsageTokens(Collector):
@@ -195,6 +211,13 @@ class ProxyMetrics:
             ["model", "reason"],
             registry=registry,
         )
+        self.cancelled = Counter(
+            "llamagate_cancelled_requests",
+            "Requests an operator cancelled (DELETE /admin/requests/{id}), by model and the state they were"
+            " in (queued, running)",
+            ["model", "state"],
+            registry=registry,
+        )
         self._children: dict[tuple[str, ...], Counter | Histogram] = {}
         # Extra collectors whose data is fetched (awaited) before each render; see the module docstring.
         self.refreshers: list[Refreshable] = []
@@ -234,6 +257,9 @@ class ProxyMetrics:
 
     def observe_replay(self, model: str, reason: str) -> None:
         self._child(self.replays, model, reason).inc()
+
+    def observe_cancel(self, model: str, state: str) -> None:
+        self._child(self.cancelled, model, state).inc()
 
     def observe_usage(self, tenant: str, model: str, prompt: int, cached: int, completion: int) -> None:
         """One ledger record's tokens (``cached`` is the part of ``prompt`` read from the prompt cache)."""

@@ -10,6 +10,10 @@ Each model has its own gate (``proxy.models.lane``), shown under ``models`` by n
 figures are their sums (a one-model daemon: its one gate's), and the top-level ``tenants`` rows each
 tenant's sums over the models beside its limits (``max_concurrency`` and ``max_queue`` apply per model,
 ``max_concurrency_total`` to the sum).
+
+``priorities``, at the top and per model: per priority level (highest first; the request's own level,
+as ``X-LlamaGate-Priority`` may have lowered it, not its aged one), the slots its requests hold and
+the requests waiting (``proxy.admission.gate``, ``priority_loads``).
 """
 
 from __future__ import annotations
@@ -77,12 +81,22 @@ def load_report(state: ProxyState) -> dict[str, object]:
                 "max_concurrency_total": settings.max_concurrency_total if settings else None,
             }
         )
+    levels: dict[int, list[int]] = {}  # priority -> [in flight, queued] over every model
+    for adm in gates:
+        for level in adm.priority_loads():
+            both = levels.setdefault(level.priority, [0, 0])
+            both[0] += level.in_flight
+            both[1] += level.queued
     return {
         "slots": sum(adm.capacity for adm in gates),
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
         "tenants": tenants,
+        "priorities": [
+            {"priority": p, "in_flight": both[0], "queued": both[1]}
+            for p, both in sorted(levels.items(), reverse=True)
+        ],
         "models": models,
     }
 
@@ -108,4 +122,8 @@ def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
         "queued": adm.queued,
         "lingering": adm.lingering,
         "tenants": tenants,
+        "priorities": [
+            {"priority": level.priority, "in_flight": level.in_flight, "queued": level.queued}
+            for level in adm.priority_loads()
+        ],
     }

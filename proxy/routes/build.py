@@ -24,6 +24,7 @@ from proxy.routes.model_control import AdminModels, LoadModel, UnloadModel
 from proxy.routes.models import ModelsRoute
 from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
+from proxy.routes.requests import AdminRequests, CancelRequest
 from proxy.routes.store_admin import AdminKey, AdminKeys, AdminUsage
 from proxy.routes.table import REFUSED, ROUTES, RouteSpec
 from proxy.state import ProxyState
@@ -82,6 +83,10 @@ def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
         return LoadModel(state)
     if kind == "model_unload":
         return UnloadModel(state)
+    if kind == "requests":
+        return AdminRequests(state)
+    if kind == "request":
+        return CancelRequest(state)
     if kind == "slots":
         return Passthrough(state, spec.path, need_ready=False)
     if kind == "keys":

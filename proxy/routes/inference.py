@@ -4,13 +4,19 @@ Order matters and is cheapest-refusal first: credentials (no body read for a str
 model is served, its readiness and the route's feature (503 or 404 before reading); body size and JSON;
 the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
 lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
-the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
+the request's own priority and queue wait (headers, ``proxy.admission.asks``: a 400 before the body is
+read), the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
 it also says how many slots the request occupies), the token and request budgets of a store
 (``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
 slot is taken), then admission of that many slots on the lane's gate (and the tenant's total at the
 door), then the child. Every step that can wait (queue, first token, the stream) runs under the client
 watch, so a client that leaves releases what it held at once (not the on-demand load wait: the load is
 shared with other requests and goes on; a client that left during it is noticed at admission).
+
+From the client watch on, the request is listed in the door's registry (``proxy.admission.inflight``:
+``GET /admin/requests``), queued until its permit, then running; an operator's cancel comes through the
+watch as a client that leaves does, and ends the request with ``Cancelled`` (an error event once its
+stream began).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
@@ -36,7 +42,9 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from proxy.admission import cost as limits
+from proxy.admission.asks import Asked, asked
 from proxy.admission.gate import Permit
+from proxy.admission.inflight import Tracked
 from proxy.admission.settle import SlotsSettled
 from proxy.asgi import body as bodies
 from proxy.asgi.context import SCOPE_KEY, RequestContext
@@ -100,6 +108,7 @@ class Inference:
         state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
         tenant = state.tenant(who.tenant)
+        asks = asked(scope["headers"])  # None for nearly every request: it asks nothing
         only = state.router.only()
         snap: UpstreamSnapshot | None = None
         if only is not None and not only.on_demand:
@@ -120,7 +129,7 @@ class Inference:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
             with open_charge(state, ctx, who, lane.name, self.spec.kind) as charge:
-                await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge)
+                await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge, asks)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -141,6 +150,7 @@ class Inference:
         send: Send,
         receive: Receive,
         charge: Charge | _NoCharge,
+        asks: Asked | None,
     ) -> None:
         state = self.state
         admin = "admin" in principal.scopes
@@ -168,11 +178,19 @@ class Inference:
         plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
 
         async with ClientWatch(receive) as watch:
-            if tenant.check_prompt_size:
-                # Re-read: the child may have restarted while the body was on its way.
-                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
-            with state.totals.hold(tenant, cost.slots):
-                await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge)
+            entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
+            inflight = state.inflight
+            inflight.add(entry)
+            try:
+                if tenant.check_prompt_size:
+                    # Re-read: the child may have restarted while the body was on its way.
+                    await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+                with state.totals.hold(tenant, cost.slots):
+                    await self._attempts(
+                        lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge, entry, asks
+                    )
+            finally:
+                inflight.remove(entry)
 
     # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
     async def _attempts(
@@ -186,13 +204,18 @@ class Inference:
         send: Send,
         watch: ClientWatch,
         charge: Charge | _NoCharge,
+        entry: Tracked,
+        asks: Asked | None,
     ) -> None:
         """Admit the request and forward it; when its child dies before any byte of the answer reached
         the client, wait for the next READY child and do it once more, at the head of the tenant's
         queue and within the deadlines of the first admission."""
         deadlines: _Deadlines | None = None
+        priority, max_wait_s = (asks.priority, asks.max_wait_s) if asks is not None else (None, None)
         while True:
-            permit = await lane.admission.acquire(tenant, slots, front=ctx.replayed)
+            permit = await lane.admission.acquire(
+                tenant, slots, priority=priority, max_wait_s=max_wait_s, front=ctx.replayed
+            )
             ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + permit.queue_wait_s
             deadlines = deadlines or _Deadlines(self.state.settings.timeouts, ctx.started)
             exchange = Exchange()
@@ -203,6 +226,7 @@ class Inference:
                 snap = lane.ready_snapshot()
                 relay = Relay(ctx, send, watch, self.fmt, exchange, charge.tap(self.fmt))
                 charge.relay = relay  # charged at the end: the last attempt's usage
+                entry.running(relay)
                 await self._forward(snap, raw, plan, relay, ctx, deadlines)
                 return
             except UpstreamFailure as exc:
@@ -215,6 +239,7 @@ class Inference:
             assert snap is not None  # a failure of the child needs a child
             waited = time.monotonic()
             until = min(deadlines.first_at, deadlines.total_at) if plan.stream else deadlines.total_at
+            entry.queued()
             await Replay(self.state, lane, ctx).next_child(snap, *replay, until)
             ctx.queue_wait_s += time.monotonic() - waited
 
@@ -289,6 +314,13 @@ class Inference:
             if not ctx.response_started:
                 raise error from None
             await relay.end_with(error)
+        except asyncio.CancelledError:
+            # An operator's cancel of a stream under way: the child's connection is closed (above), and
+            # the client gets the error as the stream's last event. Before the 200 the watch raises it.
+            cancelled = relay.watch.cancelled
+            if cancelled is None or not ctx.response_started:
+                raise
+            await relay.end_with(cancelled)
 
     async def _check_prompt_size(
         self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str

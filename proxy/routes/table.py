@@ -20,7 +20,9 @@ row is served (``proxy.routes.build`` maps kinds to endpoints):
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
   ``load`` (the admission gate per tenant, for the page), ``slots``, ``admin_models`` (every model's
-  state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model);
+  state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model),
+  ``requests`` (every generation request queued or running) and ``request`` (one of them by id:
+  cancel);
 - the accounts store's admin routes (``proxy.routes.store_admin``): ``keys`` (list, make), ``key`` (one
   key by id: revoke) and ``usage`` (the ledger's sums).
 
@@ -65,6 +67,8 @@ Kind = Literal[
     "admin_models",
     "model_load",
     "model_unload",
+    "requests",
+    "request",
     "keys",
     "key",
     "usage",
@@ -163,6 +167,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/admin/models", _G, "admin_models", "admin"),
     RouteSpec("/admin/models/{name}/load", _P, "model_load", "admin"),
     RouteSpec("/admin/models/{name}/unload", _P, "model_unload", "admin"),
+    RouteSpec("/admin/requests", _G, "requests", "admin"),
+    RouteSpec("/admin/requests/{id}", ("DELETE",), "request", "admin"),
     RouteSpec("/admin/keys", ("GET", "POST"), "keys", "admin"),
     RouteSpec("/admin/keys/{id}", ("DELETE",), "key", "admin"),
     RouteSpec("/admin/usage", _G, "usage", "admin"),

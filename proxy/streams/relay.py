@@ -23,7 +23,7 @@ from starlette.types import Send
 from proxy.asgi import body as bodies
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientWatch
-from proxy.errors import UpstreamFailure, UpstreamGone
+from proxy.errors import ProxyError, UpstreamGone
 from proxy.streams import privacy
 from proxy.streams.assemble import AnswerTooLarge, Assembler, Kind
 from proxy.streams.formats import Meter, StreamFormat
@@ -202,7 +202,7 @@ class Relay:
         self.watch.complete = True
         await self.send({"type": "http.response.body", "body": content, "more_body": False})
 
-    async def end_with(self, error: UpstreamFailure) -> None:
+    async def end_with(self, error: ProxyError) -> None:
         """llama-server's own convention for an error after the 200: one error event, no ``[DONE]``."""
         self.ctx.outcome = error.outcome
         self.watch.complete = True

@@ -70,6 +70,7 @@ def exported_labels() -> dict[str, set[str]]:
     request = ProxyMetrics(CollectorRegistry())
     request.observe_request("team", "chat", "/v1/chat/completions", 429, 0.5, "queue_full", 0.1, 0.2, 0.01, 3)
     request.observe_replay("chat", "closed")
+    request.observe_cancel("chat", "running")  # an operator cancelled it
     request.observe_usage("team", "chat", 8, 3, 4)  # and its usage, charged to the ledger
     text = asyncio.run(full_exposition()) + request.render().decode()
     for family in text_string_to_metric_families(text):
