@@ -144,6 +144,9 @@ class CorsSettings:
         "x-api-key",
         "anthropic-version",
         "x-request-id",
+        # A browser client may lower its own priority or wait (``proxy.admission.asks``).
+        "x-llamagate-priority",
+        "x-llamagate-max-wait",
     )
     allowed_methods: tuple[str, ...] = ("GET", "POST")
     max_age_s: int = 600

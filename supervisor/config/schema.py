@@ -113,7 +113,15 @@ class CorsConfig:
         (), "origins browsers may call from ('*' = any); empty = CORS off", origins
     )
     allowed_headers: tuple[str, ...] = setting(
-        ("authorization", "content-type", "x-api-key", "anthropic-version", "x-request-id"),
+        (
+            "authorization",
+            "content-type",
+            "x-api-key",
+            "anthropic-version",
+            "x-request-id",
+            "x-llamagate-priority",
+            "x-llamagate-max-wait",
+        ),
         "request headers a preflight allows ('*' = whatever the preflight asks for)",
     )
     allowed_methods: tuple[str, ...] = setting(("GET", "POST"), "methods a preflight allows")
