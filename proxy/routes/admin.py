@@ -10,6 +10,9 @@ Each model has its own gate (``proxy.models.lane``), shown under ``models`` by n
 figures are their sums (a one-model daemon: its one gate's), and the top-level ``tenants`` rows each
 tenant's sums over the models beside its limits (``max_concurrency`` and ``max_queue`` apply per model,
 ``max_concurrency_total`` to the sum).
+
+``answered``: the generation requests each model answered since the start (any status) and the output
+tokens they relayed, counters the page turns into requests and tokens per second for its charts.
 """
 
 from __future__ import annotations
@@ -77,14 +80,20 @@ def load_report(state: ProxyState) -> dict[str, object]:
                 "max_concurrency_total": settings.max_concurrency_total if settings else None,
             }
         )
+    answered = [state.metrics.answered.get(name, [0, 0]) for name in lanes]
     return {
         "slots": sum(adm.capacity for adm in gates),
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
+        "answered": _answered(sum(a[0] for a in answered), sum(a[1] for a in answered)),
         "tenants": tenants,
         "models": models,
     }
+
+
+def _answered(requests: int, output_tokens: int) -> dict[str, int]:
+    return {"requests": requests, "output_tokens": output_tokens}
 
 
 def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
@@ -102,10 +111,12 @@ def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
                 "max_queue": settings.max_queue if settings else None,
             }
         )
+    requests, output_tokens = state.metrics.answered.get(lane.name, (0, 0))
     return {
         "slots": adm.capacity,
         "in_flight": adm.in_flight,
         "queued": adm.queued,
         "lingering": adm.lingering,
+        "answered": _answered(requests, output_tokens),
         "tenants": tenants,
     }
