@@ -80,20 +80,15 @@ def load_report(state: ProxyState) -> dict[str, object]:
                 "max_concurrency_total": settings.max_concurrency_total if settings else None,
             }
         )
-    answered = [state.metrics.answered.get(name, [0, 0]) for name in lanes]
     return {
         "slots": sum(adm.capacity for adm in gates),
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
-        "answered": _answered(sum(a[0] for a in answered), sum(a[1] for a in answered)),
+        "answered": answered_report(state, list(lanes)),
         "tenants": tenants,
         "models": models,
     }
-
-
-def _answered(requests: int, output_tokens: int) -> dict[str, int]:
-    return {"requests": requests, "output_tokens": output_tokens}
 
 
 def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
@@ -111,12 +106,17 @@ def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
                 "max_queue": settings.max_queue if settings else None,
             }
         )
-    requests, output_tokens = state.metrics.answered.get(lane.name, (0, 0))
     return {
         "slots": adm.capacity,
         "in_flight": adm.in_flight,
         "queued": adm.queued,
         "lingering": adm.lingering,
-        "answered": _answered(requests, output_tokens),
+        "answered": answered_report(state, [lane.name]),
         "tenants": tenants,
     }
+
+
+def answered_report(state: ProxyState, models: list[str]) -> dict[str, int]:
+    """The generation requests ``models`` answered since the start and their output tokens, summed."""
+    sums = [state.metrics.answered.get(name, [0, 0]) for name in models]
+    return {"requests": sum(s[0] for s in sums), "output_tokens": sum(s[1] for s in sums)}
