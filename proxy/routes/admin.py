@@ -10,9 +10,6 @@ Each model has its own gate (``proxy.models.lane``), shown under ``models`` by n
 figures are their sums (a one-model daemon: its one gate's), and the top-level ``tenants`` rows each
 tenant's sums over the models beside its limits (``max_concurrency`` and ``max_queue`` apply per model,
 ``max_concurrency_total`` to the sum).
-
-``answered``: the generation requests each model answered since the start (any status) and the output
-tokens they relayed, counters the page turns into requests and tokens per second for its charts.
 """
 
 from __future__ import annotations
@@ -117,6 +114,8 @@ def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
 
 
 def answered_report(state: ProxyState, models: list[str]) -> dict[str, int]:
-    """The generation requests ``models`` answered since the start and their output tokens, summed."""
+    """``answered`` in ``/admin/load``: the generation requests ``models`` answered since the start
+    (whatever their status) and the output tokens they relayed, summed; counters the status page turns
+    into requests and tokens per second for its charts."""
     sums = [state.metrics.answered.get(name, [0, 0]) for name in models]
     return {"requests": sum(s[0] for s in sums), "output_tokens": sum(s[1] for s in sums)}
