@@ -509,7 +509,19 @@ def test_messages_for_each_daemon_state_and_key_scope(browser: Any, screenshots:
         assert page.text("st-slots") == "0 / 4"
 
         # The playground while the child is not ready: 503 with its Retry-After.
-        source.update(state="STARTING", ready=False, reason="loading model", retry_after_s=7)
+        source.update(
+            state="STARTING",
+            ready=False,
+            reason="loading model",
+            retry_after_s=7,
+            progress=0.4,
+            load_eta_s=3.0,
+        )
+        # The one model's load: its bar and time left in the child's card.
+        page.wait(
+            lambda: page.text("st-load") == "loading: 40 % \u00b7 about 3.0 s left", "the load progress"
+        )
+        assert page.el("st-load-bar").is_displayed() and page.el("st-load-bar").get_attribute("value") == "40"
         page.el("tab-playground").click()
         page.type_into("pg-prompt", "hello")
         page.el("pg-send").click()
