@@ -59,10 +59,10 @@ function minutes(ms) {
 // ``series``: [[points, path element id]]; the y scale is shared, from 0 to the highest value (at least 1).
 function chart(id, series, now, unit) {
   const window = Math.min(WINDOW_MS, Math.max(MIN_WINDOW_MS, now - samples[0].t));
-  const top = Math.max(1, ...series.flatMap(([points]) => points.map((p) => p.v)));
+  const inWindow = series.map(([points, pathId]) => [points.filter((p) => now - p.t <= window), pathId]);
+  const top = Math.max(1, ...inWindow.flatMap(([points]) => points.map((p) => p.v)));
   let drawn = 0;
-  for (const [points, pathId] of series) {
-    const shown = points.filter((p) => now - p.t <= window);
+  for (const [shown, pathId] of inWindow) {
     const d = shown
       .map((p, i) => {
         const x = W * (1 - (now - p.t) / window);
