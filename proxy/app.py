@@ -34,13 +34,16 @@ from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
 from proxy.routes.build import routes as table_routes
-from proxy.routes.table import served_paths
+from proxy.routes.table import ROUTES, served_paths
 from proxy.routes.ui import ui_routes
 from proxy.settings import ProxySettings
 from proxy.source import UpstreamSource
 from proxy.state import ProxyState
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
+# The rows that take slot permits: what ``/admin/load``'s ``answered`` counts (the page's own polls
+# and a monitor's probes are not traffic).
+_GENERATION = frozenset(spec.path for spec in ROUTES if spec.admission)
 
 
 # A row's methods, its endpoint and its path as written (the request's label).
@@ -148,6 +151,8 @@ def create_app(
             ctx.tpot_s,
             ctx.tokens,
         )
+        if ctx.model is not None and ctx.route in _GENERATION:
+            metrics.observe_answered(ctx.model, ctx.tokens)
         if state.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
             write_access_log(ctx, duration_s, method)
 

@@ -176,6 +176,10 @@ class ProxyMetrics:
         # event loop is its one writer), read at scrape time (``UsageTokens``).
         self.usage: dict[tuple[str, str], list[int]] = {}
         registry.register(UsageTokens(self.usage))
+        # model -> [generation requests answered (any status), output tokens they relayed], since the
+        # start: the status page's traffic charts turn them into rates (``/admin/load``'s ``answered``).
+        # Plain ints for the same reason as ``usage``.
+        self.answered: dict[str, list[int]] = {}
         self.ttft = Histogram(
             "llamagate_time_to_first_token_seconds",
             "Arrival to first generated token, queue wait included, by tenant and model",
@@ -254,6 +258,14 @@ class ProxyMetrics:
             self._child(self.tpot, tenant, model).observe(tpot_s)
         if tokens:
             self._child(self.output_tokens, tenant, model).inc(tokens)
+
+    def observe_answered(self, model: str, tokens: int) -> None:
+        """One generation request of ``model`` answered (whatever its status), with its output tokens."""
+        sums = self.answered.get(model)
+        if sums is None:
+            sums = self.answered[model] = [0, 0]
+        sums[0] += 1
+        sums[1] += tokens
 
     def observe_replay(self, model: str, reason: str) -> None:
         self._child(self.replays, model, reason).inc()

@@ -92,6 +92,7 @@ def load_report(state: ProxyState) -> dict[str, object]:
         "in_flight": sum(adm.in_flight for adm in gates),
         "queued": sum(adm.queued for adm in gates),
         "lingering": sum(adm.lingering for adm in gates),
+        "answered": answered_report(state, list(lanes)),
         "tenants": tenants,
         "priorities": [
             {"priority": p, "in_flight": both[0], "queued": both[1]}
@@ -121,9 +122,18 @@ def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
         "in_flight": adm.in_flight,
         "queued": adm.queued,
         "lingering": adm.lingering,
+        "answered": answered_report(state, [lane.name]),
         "tenants": tenants,
         "priorities": [
             {"priority": level.priority, "in_flight": level.in_flight, "queued": level.queued}
             for level in adm.priority_loads()
         ],
     }
+
+
+def answered_report(state: ProxyState, models: list[str]) -> dict[str, int]:
+    """``answered`` in ``/admin/load``: the generation requests ``models`` answered since the start
+    (whatever their status) and the output tokens they relayed, summed; counters the status page turns
+    into requests and tokens per second for its charts."""
+    sums = [state.metrics.answered.get(name, [0, 0]) for name in models]
+    return {"requests": sum(s[0] for s in sums), "output_tokens": sum(s[1] for s in sums)}

@@ -65,6 +65,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("tab-status").addEventListener("click", () => select("status"));
   $("tab-playground").addEventListener("click", () => select("playground"));
   document.addEventListener("llamagate:key", (event) => describeKey(event.detail));
+  // A button's action (load, unload, cancel) is done: show its effect now, not at the next round.
+  document.addEventListener("llamagate:refresh", () => poller.now());
   setupPlayground();
   describeKey(keyState);
   if (getKey()) loadModels();

@@ -40,9 +40,11 @@ export function stateClass(state, ready) {
   return "warn";
 }
 
-export function showMessage(id, text, bad = false) {
+// ``bad``: in red; ``ok``: in green (a done action); else the warning look.
+export function showMessage(id, text, bad = false, ok = false) {
   const el = document.getElementById(id);
   el.hidden = !text;
   el.textContent = text || "";
   el.classList.toggle("bad", Boolean(bad));
+  el.classList.toggle("ok", Boolean(ok) && !bad);
 }

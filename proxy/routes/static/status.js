@@ -1,13 +1,18 @@
 // The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load,
-// /admin/usage (each tenant's tokens today, when the daemon has an accounts store) and /slots. One round
-// at a time (see poller.js); each request gives up after api.js's timeout.
+// /admin/usage (each tenant's tokens today, when the daemon has an accounts store), /admin/requests
+// (the requests table) and /slots. One round at a time (see poller.js); each request gives up after
+// api.js's timeout.
 //
-// Several models (/readyz has "models"): one row per model, its slots from /admin/load's "models"
-// (admin) or /readyz's (else). No /slots then: /slots?model= of an unloaded model only answers 503,
-// and nothing on this page may load a model (a GET never does; the page sends no POST from here).
+// Several models (/readyz lists more than one): one row per model (models.js), its slots from
+// /admin/load's "models" and its state and load progress from /admin/models (admin) or /readyz's (else).
+// No /slots then: /slots?model= of an unloaded model only answers 503, and nothing on this page may
+// load a model (a GET never does; the only POSTs are the Load and Unload buttons', on a click).
 
 import { ApiError, getJson, getKey, request } from "./api.js";
+import { recordTraffic, showCharts } from "./charts.js";
 import { bytes, clock, duration, setText, showMessage, stateClass } from "./format.js";
+import { nextSeq, progressText, renderModels } from "./models.js";
+import { liveTokens, renderRequests } from "./requests.js";
 
 // What the last round learned about the key: "none", "admin", "no-admin" or "refused".
 export const keyState = { scope: "none", message: "" };
@@ -44,7 +49,17 @@ function renderReady({ body: r, retryAfter }) {
   setText("st-ready-for", duration(r.ready_for_s));
   setText("st-restarts", r.restarts);
   setText("st-last-failure", r.last_failure || "none");
-  setText("st-load", r.load_seconds === null || r.load_seconds === undefined ? null : `${r.load_seconds} s`);
+  // One model: its load progress here while it loads (several: in each model's row).
+  const only = r.models && Object.keys(r.models).length === 1 ? Object.values(r.models)[0] : null;
+  const loading = only && only.progress !== null && only.progress !== undefined && only.progress < 1;
+  const bar = document.getElementById("st-load-bar");
+  bar.hidden = !loading;
+  if (loading) {
+    bar.value = Math.floor(only.progress * 100);
+    setText("st-load", `loading: ${progressText(only)}`);
+  } else {
+    setText("st-load", r.load_seconds === null || r.load_seconds === undefined ? null : `${r.load_seconds} s`);
+  }
   setText("st-in-flight", r.in_flight);
   setText("st-queued", r.queued);
   setText("st-ctx", r.ctx_per_slot);
@@ -105,55 +120,17 @@ function renderIdentity(id) {
   setText("id-host", `${host.cpu_model || "?"}, ${host.cpu_usable ?? "?"} CPUs, ${bytes(host.memory_total_bytes)}`);
 }
 
-// The word /v1/models uses for a supervisor state.
-function loadedWord(state) {
-  if (state === "READY") return "loaded";
-  if (state === "FAILED") return "failed";
-  if (state === "UNLOADED" || state === "STOPPED") return "unloaded";
-  return "loading";
-}
-
-function cell(text, cls = "") {
-  const td = document.createElement("td");
-  td.textContent = text === null || text === undefined || text === "" ? "–" : String(text);
-  if (cls) td.className = cls;
-  return td;
-}
-
-// One row per model; ``gates``: /admin/load's "models" (admin key), else null and /readyz's figures.
-function renderModels(models, gates) {
-  several = Boolean(models) && Object.keys(models).length > 1;
+function showModels() {
   document.getElementById("models").hidden = !several;
   document.getElementById("child-title").textContent = several ? "Daemon (every model)" : "Child";
   // /admin/identity's top level describes the default model (the first always one).
   document.getElementById("identity-title").textContent = several ? "Identity (default model)" : "Identity";
-  if (!several) return;
-  const rows = Object.entries(models).map(([name, m]) => {
-    const gate = (gates && gates[name]) || m;
-    const others = (m.aliases || []).filter((a) => a !== name);
-    const aliases = others.length ? ` (also ${others.join(", ")})` : "";
-    // An on_demand model at rest is not a problem: no warning colour for it.
-    const cls = m.state === "UNLOADED" ? "state" : `state ${stateClass(m.state, m.ready)}`;
-    const tr = document.createElement("tr");
-    tr.dataset.model = name;
-    tr.append(
-      cell(name + aliases),
-      cell(`${loadedWord(m.state)} (${m.state})`, cls),
-      cell(m.residency),
-      cell(`${gate.in_flight} / ${gate.slots}`),
-      cell(gate.queued),
-      cell(m.restarts),
-      cell(duration(m.uptime_s)),
-      cell(m.ready ? "" : m.reason),
-    );
-    return tr;
-  });
-  document.getElementById("models-body").replaceChildren(...rows);
 }
 
 function showAdminParts(admin, note) {
   document.getElementById("tenants").hidden = !admin;
   document.getElementById("identity").hidden = !admin;
+  showCharts(admin, note);
   for (const id of ["tenants-note", "identity-note"]) {
     const el = document.getElementById(id);
     el.hidden = admin;
@@ -166,12 +143,15 @@ async function readAdmin() {
     const identity = await getJson("/admin/identity");
     keyState.scope = "admin";
     keyState.message = "";
-    const [load, slots, usage] = await Promise.allSettled([
+    const seq = nextSeq();
+    const [load, slots, usage, models, requests] = await Promise.allSettled([
       getJson("/admin/load"),
       several ? Promise.resolve(null) : getJson("/slots"),
       getJson(usageToday()),
+      several ? getJson("/admin/models") : Promise.resolve(null),
+      getJson("/admin/requests"),
     ]);
-    return { identity, load, slots, usage };
+    return { identity, load, slots, usage, models, requests, seq };
   } catch (err) {
     if (!(err instanceof ApiError)) throw err;
     if (err.status === 401) {
@@ -207,11 +187,21 @@ export async function pollStatus() {
   }
   const a = admin.status === "fulfilled" ? admin.value : null;
   const load = a && a.load.status === "fulfilled" ? a.load.value : null;
-  if (ready.status === "fulfilled") renderModels(ready.value.body.models, load && load.models);
+  if (ready.status === "fulfilled") {
+    const models = ready.value.body.models;
+    several = Boolean(models) && Object.keys(models).length > 1;
+    showModels();
+    if (several) {
+      const adminModels = a && a.models.status === "fulfilled" ? { models: a.models.value, seq: a.seq } : null;
+      renderModels(models, load && load.models, a ? adminModels || { models: null, seq: a.seq } : null);
+    }
+  }
   if (a) {
     renderIdentity(a.identity);
     // Without a store, /admin/usage answers 404: the tokens column stays hidden.
     if (load) renderTenants(load, a.usage.status === "fulfilled" ? a.usage.value : null);
+    renderRequests(a.requests);
+    if (load) recordTraffic(load, liveTokens(a.requests));
     if (several) {
       // Every model's permits together (each model's own row is in the models table).
       setText("st-slots", load ? `${load.in_flight} / ${load.slots} (every model)` : null);
@@ -234,6 +224,7 @@ export async function pollStatus() {
       }
     }
     showAdminParts(false, keyState.scope === "no-admin" ? keyState.message : "Needs an admin key.");
+    renderRequests(null);
   }
   if (keyState.scope === "refused") {
     problem = problem ? `${keyState.message} ${problem}` : keyState.message;

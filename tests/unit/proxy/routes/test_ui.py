@@ -244,3 +244,26 @@ async def test_admin_load_reports_each_tenant(proxy_factory: ProxyFactory) -> No
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_admin_load_counts_the_generation_requests_answered_and_their_tokens(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """The counters behind the page's requests and tokens per second: generation routes only (not the
+    page's own polls, not counting routes), each answer's output tokens."""
+    async with proxy_factory() as p, p.client("admin") as admin, p.client("user") as user:
+        (name,) = p.state.router.lanes
+        before = (await admin.get("/admin/load")).json()
+        assert before["answered"] == {"requests": 0, "output_tokens": 0}
+        tokens = 0
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            r = await user.post("/v1/chat/completions", json=chat)
+            assert r.status_code == 200
+            tokens += r.json()["usage"]["completion_tokens"]
+        assert tokens > 0
+        assert (await user.post("/tokenize", json={"content": "hi"})).status_code == 200
+        await admin.get("/readyz")
+        body = (await admin.get("/admin/load")).json()
+        assert body["answered"] == {"requests": 2, "output_tokens": tokens}
+        assert body["models"][name]["answered"] == {"requests": 2, "output_tokens": tokens}
