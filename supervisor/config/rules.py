@@ -108,6 +108,6 @@ def _proxy(cfg: Config) -> list[str]:
     ml = cfg.proxy.metrics_listener
     if ml is not None and ml.port == cfg.proxy.port:
         out.append("proxy.metrics_listener.port: must differ from proxy.port")
-    if ml is not None and ml.host not in ("127.0.0.1", "::1", "localhost"):
-        out.append("proxy.metrics_listener.host: must be a loopback address (the listener has no auth)")
+    if ml is not None and not ml.allow:
+        out.append("proxy.metrics_listener.allow: must name at least one peer (an address or a CIDR)")
     return out

@@ -96,6 +96,11 @@ class TimeoutsConfig:
 class ListenerConfig:
     host: str = setting("127.0.0.1", "address to bind")
     port: int = setting(9464, "TCP port", port_number)
+    allow: tuple[str, ...] = setting(
+        ("127.0.0.0/8", "::1/128"),
+        "peers (addresses or CIDRs) served; any other gets 403 (the listener has no other auth)",
+        ip_or_network,
+    )
 
 
 def origins(v: Any) -> str | None:
@@ -142,7 +147,7 @@ class ProxyConfig:
     drain_timeout_s: float = setting(30.0, "on stop, how long in-flight requests may finish", at_least(0))
     timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
     metrics_listener: ListenerConfig | None = setting(
-        None, "separate unauthenticated /metrics listener (loopback only); null = off"
+        None, "separate unauthenticated /metrics listener, open to the peers of its allow list; null = off"
     )
     forwarded_allow_ips: tuple[str, ...] = setting(
         (), "peers (addresses or CIDRs) whose X-Forwarded-For is believed; [] = nobody", ip_or_network
