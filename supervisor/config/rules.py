@@ -10,7 +10,14 @@ from supervisor.launch.flags import refused_extra_args
 
 
 def cross_check(cfg: Config) -> list[str]:
-    return [*_llama(cfg), *_models(cfg), *_supervision(cfg), *_tenants_and_keys(cfg), *_proxy(cfg)]
+    return [
+        *_llama(cfg),
+        *_models(cfg),
+        *_supervision(cfg),
+        *_tenants_and_keys(cfg),
+        *_proxy(cfg),
+        *_store(cfg),
+    ]
 
 
 def _models(cfg: Config) -> list[str]:
@@ -101,6 +108,12 @@ def _tenants_and_keys(cfg: Config) -> list[str]:
     if anon is not None and anon not in first:
         out.append(f"proxy.anonymous_tenant: no tenant named {anon!r}")
     return out
+
+
+def _store(cfg: Config) -> list[str]:
+    if cfg.store is not None and cfg.store.path is not None and cfg.store.url is not None:
+        return ["store.url: give store.path (an SQLite file) or store.url (a PostgreSQL database), not both"]
+    return []
 
 
 def _proxy(cfg: Config) -> list[str]:

@@ -343,6 +343,12 @@ class StoreConfig:
         "the SQLite file; null = $STATE_DIRECTORY/llamagate.db under systemd, else"
         " $XDG_STATE_HOME/llamagate/llamagate.db (~/.local/state/llamagate/llamagate.db)",
     )
+    url: str | None = setting(
+        None,
+        "postgresql://user@host:port/db: the store is that PostgreSQL database, shared by replicas"
+        " (instead of path); the password from ${VAR}, PGPASSWORD or ~/.pgpass",
+        matches(r"postgres(ql)?://\S*", "a postgresql:// URL"),
+    )
     usage_retention_days: int = setting(31, "days a per-request usage row is kept", at_least(1))
     rollup_retention_days: int = setting(400, "days an hourly usage sum is kept", at_least(1))
 
@@ -372,5 +378,6 @@ class Config:
     )
     logging: LoggingConfig = section(LoggingConfig, "log format and level")
     store: StoreConfig | None = setting(
-        None, "keys made at run time, the usage ledger, budget windows (SQLite); null = no store"
+        None,
+        "keys made at run time, the usage ledger, budget windows (SQLite or PostgreSQL); null = no store",
     )
