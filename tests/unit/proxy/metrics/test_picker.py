@@ -19,6 +19,7 @@ from proxy.metrics.picker import PickerGauges, parse_slots
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.settings import TenantSettings
 from proxy.source import UpstreamSnapshot
+from supervisor.config.load import ConfigError, parse_config
 from tests.helpers.exposition import SNAPSHOT
 
 # What the pinned llama-server's /slots answered with one of two slots decoding (captured).
@@ -166,3 +167,25 @@ async def test_a_peer_outside_the_allow_list_gets_403_before_any_route() -> None
             response = await c.get(path)
             assert response.status_code == 403
             assert "proxy.metrics_listener.allow" in response.text
+
+
+@pytest.mark.parametrize(
+    ("listener", "problem"),
+    [
+        ("{port: 9464, allow: []}", "proxy.metrics_listener.allow: must name at least one peer"),
+        ("{port: 9464, allow: [10.0.0.0/33]}", "'10.0.0.0/33' is not an IP address or network (CIDR)"),
+    ],
+)
+def test_a_bad_allow_list_is_named_by_path(listener: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"proxy: {{metrics_listener: {listener}}}\n", env={})
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_a_non_loopback_bind_is_accepted_and_loopback_is_the_default_allow_list() -> None:
+    cfg = parse_config("proxy: {metrics_listener: {host: 0.0.0.0, allow: [10.244.0.0/16]}}\n", env={})
+    assert cfg.proxy.metrics_listener is not None
+    assert cfg.proxy.metrics_listener.allow == ("10.244.0.0/16",)
+    default = parse_config("proxy: {metrics_listener: {port: 9464}}\n", env={})
+    assert default.proxy.metrics_listener is not None
+    assert default.proxy.metrics_listener.allow == ("127.0.0.0/8", "::1/128")
