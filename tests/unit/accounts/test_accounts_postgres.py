@@ -43,13 +43,11 @@ def test_the_url_in_messages_never_carries_the_password() -> None:
 def test_an_unreachable_server_is_named_at_start_and_by_config_check() -> None:
     port = free_port()  # nothing listens there
     url = f"postgresql://gate:s3cret@127.0.0.1:{port}/accounts"
-    started = time.monotonic()
-    with pytest.raises(StoreError) as info:
+    with pytest.raises(StoreError) as info:  # refused at once; a silent network: connect_timeout (5 s)
         open_postgres(url)
     message = str(info.value)
     assert message.startswith(f"postgresql://gate@127.0.0.1:{port}/accounts: cannot connect:")
     assert "s3cret" not in message and "refused" in message.lower()
-    assert time.monotonic() - started < 30  # not a hang (connect_timeout bounds a silent network)
     cfg = parse_config(f"store: {{url: '{url}'}}\n", env={})
     with pytest.raises(Misconfigured, match="cannot connect") as checked:
         check_store(cfg)
