@@ -29,6 +29,7 @@ from proxy.accounts.service import Accounts
 from proxy.admission.gate import Admission
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
+from proxy.metrics.picker import PickerGauges
 from proxy.metrics.proxy import AdmissionCollector, LedgerCollector, ProxyMetrics, Refreshable
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
@@ -37,7 +38,7 @@ from proxy.routes.build import routes as table_routes
 from proxy.routes.table import ROUTES, served_paths
 from proxy.routes.ui import ui_routes
 from proxy.settings import ProxySettings
-from proxy.source import UpstreamSource
+from proxy.source import UpstreamSnapshot, UpstreamSource
 from proxy.state import ProxyState
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
@@ -132,6 +133,15 @@ def create_app(
         return {name: lane.admission for name, lane in state.router.lanes.items()}
 
     registry.register(AdmissionCollector(gates))
+
+    def lanes() -> dict[str, tuple[Admission, Callable[[], UpstreamSnapshot]]]:
+        return {
+            name: (lane.admission, lane.entry.source.snapshot) for name, lane in state.router.lanes.items()
+        }
+
+    picker = PickerGauges(lanes, state.upstream)
+    registry.register(picker)
+    metrics.refreshers.append(picker)
     for collector in extra_collectors:
         registry.register(collector)
         if isinstance(collector, Refreshable):

@@ -60,10 +60,12 @@ class BudgetSettings:
 class StoreSettings:
     """The accounts store (``proxy.accounts``): keys made at run time, the usage ledger, budget windows."""
 
-    path: str  # the SQLite file, already resolved (the config loader picks the default)
+    path: str  # the SQLite file, already resolved (the config loader picks the default); unused with url
     # Per-request usage rows older than this are deleted; the hourly rollup keeps its own retention.
     usage_retention_days: int = 31
     rollup_retention_days: int = 400
+    # postgresql://...: the store is that database, shared by every replica (``proxy.accounts.postgres``).
+    url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,18 @@ variables let a developer point at an existing binary or model instead:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from supervisor.bench.postgres import Postgres, start_postgres
+
 # The needs_tool marker: checked before a test's fixtures (tests/helpers/system.py).
-from tests.helpers.system import pytest_runtest_setup  # noqa: F401
+from tests.helpers.system import (
+    pytest_runtest_setup,  # noqa: F401
+    require_tool,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "llama-build.lock"
@@ -63,3 +69,23 @@ def demo_q8_0(
 
     out = tmp_path_factory.mktemp("derived") / "gemma-3-270m-q8_0.gguf"
     return derive(demo_model, "Q8_0", lock_path=LOCK, progress=ConsoleProgress(), out=out).path
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Postgres]:
+    """One private PostgreSQL server for the session (``supervisor.bench.postgres``: tied to this process,
+    run as the postgres user when the tests run as root). A test that uses it declares
+    ``needs_tool("initdb", "postgres")``, and takes a fresh database from ``postgres_url``."""
+    require_tool("initdb")
+    require_tool("postgres")
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Postgres) -> str:
+    """A new empty database on the session's server, for one test."""
+    return postgres_server.create_database("test")

@@ -2,10 +2,11 @@
 
 A poll thread asks the store for its key marker a few times a second (``POLL_S``); only when it moved
 (a key made, revoked, rotated or re-budgeted by any process: ``llamagate keys``, an admin route, another
-tool) does it read the keys again and swap in a new dict. A change is in force within one poll plus one
-read, well under a second. Revoked keys are not in the dict; expired ones are, and are refused by the
-lookup at the time of the request, so expiry needs no poll at all. Revoked, expired and unknown keys
-get the same answer (None): the caller's 401 cannot tell them apart.
+tool, another replica on the same PostgreSQL database) does it read the keys again and swap in a new
+dict. A change is in force within one poll plus one read, well under a second. Revoked keys are not in
+the dict; expired ones are, and are refused by the lookup at the time of the request, so expiry needs no
+poll at all. Revoked, expired and unknown keys get the same answer (None): the caller's 401 cannot tell
+them apart.
 
 If the store cannot be read, the view keeps the keys it has (one log line; the next good poll says it
 is back): a broken disk must not lock every client out, and a revocation made while the store is

@@ -8,6 +8,8 @@ file here was written by a newer llamagate: it is refused rather than guessed at
 from __future__ import annotations
 
 import re
+import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -45,3 +47,22 @@ def migrations() -> tuple[Migration, ...]:
 
 def latest() -> int:
     return len(migrations())
+
+
+def statements(sql: str) -> Iterator[str]:
+    """The statements of a migration file, split where SQLite's lexer says a statement is complete (so a
+    ';' inside a string or a comment does not split). Only the lexer: the same split serves PostgreSQL."""
+    buf = ""
+    for piece in sql.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            text = buf.strip()
+            if _strip_comments(text) != ";":
+                yield text
+            buf = ""
+    if _strip_comments(buf[:-1]).strip():
+        raise ValueError(f"incomplete SQL statement at the end of a migration: {buf[:60]!r}")
+
+
+def _strip_comments(text: str) -> str:
+    return "".join(line.split("--", 1)[0] for line in text.splitlines()).strip()

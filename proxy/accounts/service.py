@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from proxy.accounts.budgets import Budgets, Refusal, Ticket
+from proxy.accounts.engines import open_configured_store
 from proxy.accounts.keyview import POLL_S, AccountKey, KeyView
 from proxy.accounts.ledger import Ledger, LedgerStats
 from proxy.accounts.records import UsageRecord
-from proxy.accounts.sqlite import open_store
 from proxy.accounts.store import Store
 from proxy.accounts.writer import Retention, StoreWriter
 from proxy.auth import key_digest
@@ -61,8 +60,8 @@ class Accounts:
 
     @classmethod
     def open(cls, settings: StoreSettings, tenants: Iterable[TenantSettings] = ()) -> Accounts:
-        """Open the store as the daemon (taking its lock). Raises ``StoreError`` (exit 2 at start)."""
-        store = open_store(Path(settings.path), daemon=True)
+        """Open the store as the daemon (SQLite: taking its lock). Raises ``StoreError`` (exit 2 at start)."""
+        store = open_configured_store(settings, daemon=True)
         retention = Retention(settings.usage_retention_days, settings.rollup_retention_days)
         return cls(store, tenants, retention=retention)
 

@@ -34,100 +34,44 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from proxy.accounts.lockfile import DaemonLock
-from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, migrations
-from proxy.accounts.records import (
-    Batch,
-    GroupBy,
-    KeyRecord,
-    UsageRecord,
-    UsageRow,
-    WindowEntry,
+from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, migrations, statements
+from proxy.accounts.records import KeyRecord, UsageRecord
+from proxy.accounts.sqlbase import (
+    HOURLY_COLUMNS,
+    KEYS_VERSION,
+    SELECT_KEYS,
+    UPSERT_HOURLY,
+    USAGE_COLUMNS,
+    Conn,
+    SqlStore,
+    key_of,
 )
 from proxy.accounts.store import StoreError
-from proxy.settings import BudgetSettings, Scope
+
+__all__ = ["APPLICATION_ID", "SqliteStore", "inspect_store", "open_store", "statements"]
 
 APPLICATION_ID = 0x6C6C6774  # "llgt" in the header's application id field (offset 68)
 _MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 5.0
-_HOUR = 3600
-_DAY = 86400
-
-_SELECT_KEYS = (
-    "SELECT key_id, digest, tenant, scopes, name, models, tokens_per_minute, tokens_per_day, "
-    "requests_per_minute, created, expires, revoked, last_used FROM api_keys"
-)
-_KEY_BY_ID = _SELECT_KEYS + " WHERE key_id = ?"
-_INSERT_KEY = (
-    "INSERT INTO api_keys (key_id, digest, tenant, scopes, name, models, tokens_per_minute, tokens_per_day, "
-    "requests_per_minute, created, expires, revoked, last_used) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_GROUPS: dict[str, tuple[str, str]] = {
-    # by: (the selected group columns, in the order of UsageRow's fields key_id, model, period)
-    "tenant": ("tenant, NULL, NULL, NULL", "tenant"),
-    "key": ("tenant, key_id, NULL, NULL", "tenant, key_id"),
-    "model": ("tenant, NULL, model, NULL", "tenant, model"),
-    "hour": ("tenant, NULL, NULL, hour", "tenant, hour"),
-    "day": (f"tenant, NULL, NULL, hour - (hour % {_DAY})", f"tenant, hour - (hour % {_DAY})"),
-}
-
-# The order of UsageRecord's fields.
-_USAGE_COLUMNS = (
-    "tenant, key_id, model, kind, prompt_tokens, cached_tokens, completion_tokens, status, duration_s, at, "
-    "request_id"
-)
-_INSERT_USAGE = f"INSERT INTO usage_events ({_USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
+# A batch's usage rows and rollup increments as one statement each over a JSON array (module docstring).
 _INSERT_USAGE_JSON = (
-    f"INSERT INTO usage_events ({_USAGE_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
+    f"INSERT INTO usage_events ({USAGE_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
     + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
     + " FROM json_each(?)"
 )
-_HOURLY_COLUMNS = (
-    "hour, tenant, key_id, model, kind, requests, errors, prompt_tokens, cached_tokens, completion_tokens, "
-    "duration_s"
-)
-_UPSERT_HOURLY = (
-    "ON CONFLICT (hour, tenant, key_id, model, kind) DO UPDATE SET "
-    "requests = usage_hourly.requests + excluded.requests, "
-    "errors = usage_hourly.errors + excluded.errors, "
-    "prompt_tokens = usage_hourly.prompt_tokens + excluded.prompt_tokens, "
-    "cached_tokens = usage_hourly.cached_tokens + excluded.cached_tokens, "
-    "completion_tokens = usage_hourly.completion_tokens + excluded.completion_tokens, "
-    "duration_s = usage_hourly.duration_s + excluded.duration_s"
-)
-_INSERT_HOURLY = f"INSERT INTO usage_hourly ({_HOURLY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "  # noqa: S608
 _INSERT_HOURLY_JSON = (
-    f"INSERT INTO usage_hourly ({_HOURLY_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
+    f"INSERT INTO usage_hourly ({HOURLY_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
     + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
     # "WHERE true": SQLite's upsert after a SELECT needs it, to tell ON CONFLICT from a join's ON.
     + " FROM json_each(?) WHERE true "
 )
 
 State = Literal["absent", "empty", "unmarked", "ours"]
-
-
-def statements(sql: str) -> Iterator[str]:
-    """The statements of a migration file, split where SQLite itself says a statement is complete (so a
-    ';' inside a string or a comment does not split)."""
-    buf = ""
-    for piece in sql.split(";"):
-        buf += piece + ";"
-        if sqlite3.complete_statement(buf):
-            text = buf.strip()
-            if _strip_comments(text) != ";":
-                yield text
-            buf = ""
-    if _strip_comments(buf[:-1]).strip():
-        raise ValueError(f"incomplete SQL statement at the end of a migration: {buf[:60]!r}")
-
-
-def _strip_comments(text: str) -> str:
-    return "".join(line.split("--", 1)[0] for line in text.splitlines()).strip()
 
 
 def _probe(path: Path) -> State:
@@ -203,41 +147,7 @@ def _connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def _csv(values: Iterable[str]) -> str:
-    return ",".join(sorted(values))
-
-
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(v for v in text.split(",") if v)
-
-
-def _scopes(text: str) -> frozenset[Scope]:
-    out: set[Scope] = set()
-    for scope in _split(text):
-        if scope == "inference":
-            out.add("inference")
-        elif scope == "admin":
-            out.add("admin")
-    return frozenset(out)
-
-
-def _key(row: tuple[Any, ...]) -> KeyRecord:
-    return KeyRecord(
-        key_id=row[0],
-        digest=row[1],
-        tenant=row[2],
-        scopes=_scopes(row[3]),
-        name=row[4],
-        models=_split(row[5]),
-        budgets=BudgetSettings(row[6], row[7], row[8]),
-        created=row[9],
-        expires=row[10],
-        revoked=row[11],
-        last_used=row[12],
-    )
-
-
-class SqliteStore:
+class SqliteStore(SqlStore):
     """``store.Store`` on one SQLite file. Build it with ``open_store``."""
 
     def __init__(self, path: Path, lock: DaemonLock | None = None, *, max_pages: int | None = None) -> None:
@@ -295,10 +205,6 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._error(doing, exc) from exc
 
-    @staticmethod
-    def _bump(conn: sqlite3.Connection) -> None:
-        conn.execute("UPDATE store_meta SET value = value + 1 WHERE name = 'keys_version'")
-
     # -- schema -------------------------------------------------------------------------------------
 
     def migrate(self, known: tuple[Migration, ...]) -> int:
@@ -345,102 +251,8 @@ class SqliteStore:
 
     # -- keys ---------------------------------------------------------------------------------------
 
-    def add_key(self, key: KeyRecord) -> None:
-        b = key.budgets
-        try:
-            with self._tx("add a key") as conn:
-                conn.execute(
-                    _INSERT_KEY,
-                    (
-                        key.key_id,
-                        key.digest,
-                        key.tenant,
-                        _csv(key.scopes),
-                        key.name,
-                        ",".join(key.models),
-                        b.tokens_per_minute,
-                        b.tokens_per_day,
-                        b.requests_per_minute,
-                        key.created,
-                        key.expires,
-                        key.revoked,
-                        key.last_used,
-                    ),
-                )
-                self._bump(conn)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, sqlite3.IntegrityError):
-                raise StoreError(f"{self.path}: a key with id {key.key_id} exists already") from exc
-            raise
-
-    def get_key(self, key_id: str) -> KeyRecord | None:
-        rows = self._read("read a key", _KEY_BY_ID, (key_id,))
-        return _key(rows[0]) if rows else None
-
-    def list_keys(self) -> list[KeyRecord]:
-        rows = self._read("list keys", _SELECT_KEYS + " ORDER BY tenant, created")
-        return [_key(r) for r in rows]
-
-    def revoke_key(self, key_id: str, now: float) -> KeyRecord | None:
-        """Revoke a key (again: a no-op); None when there is no such key."""
-        with self._tx("revoke a key") as conn:
-            cur = conn.execute(
-                "UPDATE api_keys SET revoked = ? WHERE key_id = ? AND revoked IS NULL", (now, key_id)
-            )
-            if cur.rowcount:
-                self._bump(conn)
-            row = conn.execute(_KEY_BY_ID, (key_id,)).fetchone()
-        return _key(row) if row else None
-
-    def replace_key(self, old_id: str, new: KeyRecord, now: float, grace_s: float = 0.0) -> KeyRecord:
-        """Rotation in one transaction: ``new`` is added, and the old key is revoked now (``grace_s`` 0)
-        or expires ``grace_s`` from now (so clients can move to the new key without an outage)."""
-        with self._tx("rotate a key") as conn:
-            row = conn.execute(_KEY_BY_ID, (old_id,)).fetchone()
-            if row is None:
-                raise StoreError(f"{self.path}: no key with id {old_id}")
-            old = _key(row)
-            if old.status(now) != "active":
-                status = old.status(now)
-                raise StoreError(f"{self.path}: key {old_id} is {status}: only an active key rotates")
-            b = new.budgets
-            conn.execute(
-                _INSERT_KEY,
-                (
-                    new.key_id,
-                    new.digest,
-                    new.tenant,
-                    _csv(new.scopes),
-                    new.name,
-                    ",".join(new.models),
-                    b.tokens_per_minute,
-                    b.tokens_per_day,
-                    b.requests_per_minute,
-                    new.created,
-                    new.expires,
-                    None,
-                    None,
-                ),
-            )
-            if grace_s > 0:
-                ends = now + grace_s if old.expires is None else min(old.expires, now + grace_s)
-                conn.execute("UPDATE api_keys SET expires = ? WHERE key_id = ?", (ends, old_id))
-            else:
-                conn.execute("UPDATE api_keys SET revoked = ? WHERE key_id = ?", (now, old_id))
-            self._bump(conn)
-        return new
-
-    def set_key_budgets(self, key_id: str, budgets: BudgetSettings) -> KeyRecord | None:
-        with self._tx("change a key's budgets") as conn:
-            cur = conn.execute(
-                "UPDATE api_keys SET tokens_per_minute = ?, tokens_per_day = ?, requests_per_minute = ? "
-                "WHERE key_id = ?",
-                (budgets.tokens_per_minute, budgets.tokens_per_day, budgets.requests_per_minute, key_id),
-            )
-            if cur.rowcount:
-                self._bump(conn)
-            row = conn.execute(_KEY_BY_ID, (key_id,)).fetchone()
-        return _key(row) if row else None
+    def _is_duplicate(self, exc: StoreError) -> bool:
+        return isinstance(exc.__cause__, sqlite3.IntegrityError)
 
     def _poll(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -455,7 +267,7 @@ class SqliteStore:
                 conn = self._poll()
                 version = int(conn.execute("PRAGMA data_version").fetchone()[0])
                 if version != self._data_version:
-                    row = conn.execute("SELECT value FROM store_meta WHERE name = 'keys_version'").fetchone()
+                    row = conn.execute(KEYS_VERSION).fetchone()
                     self._marker = int(row[0])
                     self._data_version = version
             except sqlite3.Error as exc:
@@ -466,115 +278,19 @@ class SqliteStore:
         """Every key that is not revoked (expired ones too: expiry is checked at each request)."""
         with self._read_lock:
             try:
-                rows = self._poll().execute(_SELECT_KEYS + " WHERE revoked IS NULL").fetchall()
+                rows = self._poll().execute(SELECT_KEYS + " WHERE revoked IS NULL").fetchall()
             except sqlite3.Error as exc:
                 raise self._error("load keys", exc) from exc
-        return [_key(r) for r in rows]
+        return [key_of(r) for r in rows]
 
     # -- the writer's batch -------------------------------------------------------------------------
 
-    def write(self, batch: Batch) -> None:
-        if not batch:
-            return
-        hourly: dict[tuple[int, str, str, str, str], list[float]] = {}
-        for u in batch.usage:
-            group = (int(u.at // _HOUR) * _HOUR, u.tenant, u.key_id, u.model, u.kind)
-            sums = hourly.setdefault(group, [0, 0, 0, 0, 0, 0.0])
-            sums[0] += 1
-            sums[1] += 1 if u.status >= 400 else 0
-            sums[2] += u.prompt_tokens
-            sums[3] += u.cached_tokens
-            sums[4] += u.completion_tokens
-            sums[5] += u.duration_s
-        rows = batch.usage  # a UsageRecord is a tuple of the columns of _USAGE_COLUMNS, in order
-        sums_rows = [(*group, *(int(v) for v in sums[:5]), sums[5]) for group, sums in hourly.items()]
-        with self._tx("write the usage ledger") as conn:
-            if rows and self._json:
-                conn.execute(_INSERT_USAGE_JSON, (json.dumps(rows),))
-                conn.execute(_INSERT_HOURLY_JSON + _UPSERT_HOURLY, (json.dumps(sums_rows),))
-            elif rows:
-                conn.executemany(_INSERT_USAGE, rows)
-                conn.executemany(_INSERT_HOURLY + _UPSERT_HOURLY, sums_rows)
-            # Windows carry absolute amounts, so writing one again (a retried batch) changes nothing.
-            conn.executemany(
-                "INSERT INTO budget_windows (subject, name, budget, at, amount, expires) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (subject, name, budget, at) DO UPDATE SET "
-                "amount = excluded.amount, expires = excluded.expires",
-                [(w.subject, w.name, w.budget, w.at, w.amount, w.expires) for w in batch.windows],
-            )
-            conn.executemany(
-                "UPDATE api_keys SET last_used = ? WHERE key_id = ? AND (last_used IS NULL OR last_used < ?)",
-                [(at, key_id, at) for key_id, at in batch.last_used],
-            )
-
-    def load_windows(self, now: float) -> list[WindowEntry]:
-        rows = self._read(
-            "load budget windows",
-            "SELECT subject, name, budget, at, amount, expires FROM budget_windows WHERE expires > ? "
-            "ORDER BY at",
-            (now,),
-        )
-        return [WindowEntry(*r) for r in rows]
-
-    def prune(self, now: float, usage_before: float, rollup_before: float) -> int:
-        """Delete usage rows, rollups and window entries past their retention; how many rows went."""
-        with self._tx("prune old usage") as conn:
-            gone = conn.execute("DELETE FROM usage_events WHERE at < ?", (usage_before,)).rowcount
-            gone += conn.execute("DELETE FROM usage_hourly WHERE hour < ?", (rollup_before,)).rowcount
-            gone += conn.execute("DELETE FROM budget_windows WHERE expires <= ?", (now,)).rowcount
-        return int(gone)
-
-    # -- reports ------------------------------------------------------------------------------------
-
-    def usage(
-        self,
-        *,
-        by: GroupBy = "tenant",
-        tenant: str | None = None,
-        key_id: str | None = None,
-        since: float | None = None,
-    ) -> list[UsageRow]:
-        """Sums over the hourly rollup; ``since`` counts from the start of its hour (the rollup's grain)."""
-        selected, grouped = _GROUPS[by]
-        where: list[str] = ["1 = 1"]
-        args: list[object] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if key_id is not None:
-            where.append("key_id = ?")
-            args.append(key_id)
-        if since is not None:
-            where.append("hour >= ?")
-            args.append(int(since // _HOUR) * _HOUR)
-        rows = self._read(
-            "report usage",
-            f"SELECT {selected}, SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens), "  # noqa: S608 - fixed column lists
-            f"SUM(completion_tokens) FROM usage_hourly WHERE {' AND '.join(where)} "
-            f"GROUP BY {grouped} ORDER BY {grouped}",
-            tuple(args),
-        )
-        return [
-            UsageRow(r[0], r[1], r[2], None if r[3] is None else int(r[3]), *(int(v) for v in r[4:]))
-            for r in rows
-        ]
-
-    def usage_records(self, *, tenant: str | None = None, since: float | None = None) -> list[UsageRecord]:
-        where: list[str] = ["1 = 1"]
-        args: list[object] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        rows = self._read(
-            "read usage rows",
-            "SELECT tenant, key_id, model, kind, prompt_tokens, cached_tokens, completion_tokens, status, "  # noqa: S608
-            f"duration_s, at, request_id FROM usage_events WHERE {' AND '.join(where)} ORDER BY at",
-            tuple(args),
-        )
-        return [UsageRecord(*r) for r in rows]
+    def _write_usage(self, conn: Conn, rows: Sequence[UsageRecord], sums: list[tuple[Any, ...]]) -> None:
+        if self._json:
+            conn.execute(_INSERT_USAGE_JSON, (json.dumps(rows),))
+            conn.execute(_INSERT_HOURLY_JSON + UPSERT_HOURLY, (json.dumps(sums),))
+        else:
+            super()._write_usage(conn, rows, sums)
 
     def close(self) -> None:
         with self._lock, self._read_lock:

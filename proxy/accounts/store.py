@@ -1,4 +1,5 @@
-"""The interface every store engine offers (SQLite here; PostgreSQL is the next issue's), and its error.
+"""The interface every store engine offers (``sqlite``: one file; ``postgres``: one database shared by
+replicas; both on ``sqlbase``'s shared statements, chosen by ``engines``), and its error.
 
 The request path never calls a store directly: ``keyview``, ``writer`` and the commands do. Calls may
 come from several threads; an engine serialises them itself. ``key_marker`` and ``load_keys`` are the
@@ -17,7 +18,8 @@ class StoreError(Exception):
     """The store cannot be used: the message names the file (or URL) and what is wrong with it.
 
     Raised at open for a file that is unreadable, corrupt, not SQLite, another application's, made by a
-    newer llamagate, or held by another daemon; later for a write that failed (a full disk). A command
+    newer llamagate, or held by another daemon, or for a database that cannot be reached; later for a
+    write that failed (a full disk, a lost connection). A command
     or ``serve`` reports it and exits 2; the writer thread keeps what it could not write and retries."""
 
 

@@ -23,8 +23,7 @@ from typing import ParamSpec, TypeVar
 from proxy.accounts.issue import issue_key, successor
 from proxy.accounts.records import KeyRecord
 from proxy.accounts.report import key_row
-from proxy.accounts.sqlite import SqliteStore
-from proxy.accounts.store import StoreError
+from proxy.accounts.store import Store, StoreError
 from proxy.auth import key_digest, new_key
 from proxy.settings import BudgetSettings, KeyEntry, Scope
 from supervisor.commands.config import add_config_argument
@@ -193,7 +192,7 @@ def _known_tenant(conf: Configured, tenant: str) -> None:
 def _new(args: argparse.Namespace) -> int:
     _check_tenant(args.tenant)
     conf = configured(args)
-    if conf.store_path is None:
+    if not conf.has_store:
         flags = _store_only_flags(args)
         if flags:
             raise UsageError(
@@ -229,7 +228,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _store(conf: Configured, *, create: bool) -> Iterator[SqliteStore]:
+def _store(conf: Configured, *, create: bool) -> Iterator[Store]:
     store = open_configured(conf, create=create)
     try:
         yield store

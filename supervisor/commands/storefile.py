@@ -2,8 +2,8 @@
 
 Only the ``store`` and ``tenants`` sections are read (``load_sections``), so the commands run where the
 daemon's other ``${VAR}``s are not set. The store is opened as a command, not as the daemon: no daemon
-lock, so they run beside a serving daemon (SQLite's WAL), and what they change is in force there within
-a second.
+lock, so they run beside a serving daemon (SQLite's WAL; PostgreSQL serves many clients anyway), and
+what they change is in force there (on every replica, with PostgreSQL) within a second.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.accounts.sqlite import SqliteStore, open_store
-from proxy.accounts.store import StoreError
+from proxy.accounts.engines import open_configured_store
+from proxy.accounts.store import Store, StoreError
 from supervisor.config.load import load_sections, resolve_config_path
 from supervisor.config.proxy_settings import store_settings
 from supervisor.config.schema import Config
@@ -27,8 +27,13 @@ class Configured:
 
     @property
     def store_path(self) -> Path | None:
+        """The SQLite file; None without a store or with a PostgreSQL one (``has_store`` says which)."""
         settings = store_settings(self.config.store)
-        return Path(settings.path) if settings is not None else None
+        return Path(settings.path) if settings is not None and settings.url is None else None
+
+    @property
+    def has_store(self) -> bool:
+        return self.config.store is not None
 
     @property
     def name(self) -> str:
@@ -43,14 +48,15 @@ def configured(args: argparse.Namespace) -> Configured:
     return Configured(source, load_sections(source, ("store", "tenants")))
 
 
-def open_configured(conf: Configured, *, create: bool) -> SqliteStore:
-    path = conf.store_path
-    if path is None:
+def open_configured(conf: Configured, *, create: bool) -> Store:
+    settings = store_settings(conf.config.store)
+    if settings is None:
         raise Misconfigured(
             f"{conf.name}: no store configured (add 'store: {{}}' for the default file, or "
-            "store.path); without one, keys live in the configuration's keys: list"
+            "store.path, or store.url for PostgreSQL); without one, keys live in the configuration's "
+            "keys: list"
         )
     try:
-        return open_store(path, create=create)
+        return open_configured_store(settings, create=create)
     except StoreError as exc:
         raise Misconfigured(str(exc)) from exc

@@ -26,6 +26,7 @@ def store_settings(store: StoreConfig | None) -> StoreSettings | None:
         path=str(store.path if store.path is not None else default_store_path()),
         usage_retention_days=store.usage_retention_days,
         rollup_retention_days=store.rollup_retention_days,
+        url=store.url,
     )
 
 

@@ -10,7 +10,14 @@ from supervisor.launch.flags import refused_extra_args
 
 
 def cross_check(cfg: Config) -> list[str]:
-    return [*_llama(cfg), *_models(cfg), *_supervision(cfg), *_tenants_and_keys(cfg), *_proxy(cfg)]
+    return [
+        *_llama(cfg),
+        *_models(cfg),
+        *_supervision(cfg),
+        *_tenants_and_keys(cfg),
+        *_proxy(cfg),
+        *_store(cfg),
+    ]
 
 
 def _models(cfg: Config) -> list[str]:
@@ -103,11 +110,17 @@ def _tenants_and_keys(cfg: Config) -> list[str]:
     return out
 
 
+def _store(cfg: Config) -> list[str]:
+    if cfg.store is not None and cfg.store.path is not None and cfg.store.url is not None:
+        return ["store.url: give store.path (an SQLite file) or store.url (a PostgreSQL database), not both"]
+    return []
+
+
 def _proxy(cfg: Config) -> list[str]:
     out = []
     ml = cfg.proxy.metrics_listener
     if ml is not None and ml.port == cfg.proxy.port:
         out.append("proxy.metrics_listener.port: must differ from proxy.port")
-    if ml is not None and ml.host not in ("127.0.0.1", "::1", "localhost"):
-        out.append("proxy.metrics_listener.host: must be a loopback address (the listener has no auth)")
+    if ml is not None and not ml.allow:
+        out.append("proxy.metrics_listener.allow: must name at least one peer (an address or a CIDR)")
     return out

@@ -96,6 +96,11 @@ class TimeoutsConfig:
 class ListenerConfig:
     host: str = setting("127.0.0.1", "address to bind")
     port: int = setting(9464, "TCP port", port_number)
+    allow: tuple[str, ...] = setting(
+        ("127.0.0.0/8", "::1/128"),
+        "peers (addresses or CIDRs) served; any other gets 403 (the listener has no other auth)",
+        ip_or_network,
+    )
 
 
 def origins(v: Any) -> str | None:
@@ -150,7 +155,7 @@ class ProxyConfig:
     drain_timeout_s: float = setting(30.0, "on stop, how long in-flight requests may finish", at_least(0))
     timeouts: TimeoutsConfig = section(TimeoutsConfig, "upstream deadlines")
     metrics_listener: ListenerConfig | None = setting(
-        None, "separate unauthenticated /metrics listener (loopback only); null = off"
+        None, "separate unauthenticated /metrics listener, open to the peers of its allow list; null = off"
     )
     forwarded_allow_ips: tuple[str, ...] = setting(
         (), "peers (addresses or CIDRs) whose X-Forwarded-For is believed; [] = nobody", ip_or_network
@@ -346,6 +351,12 @@ class StoreConfig:
         "the SQLite file; null = $STATE_DIRECTORY/llamagate.db under systemd, else"
         " $XDG_STATE_HOME/llamagate/llamagate.db (~/.local/state/llamagate/llamagate.db)",
     )
+    url: str | None = setting(
+        None,
+        "postgresql://user@host:port/db: the store is that PostgreSQL database, shared by replicas"
+        " (instead of path); the password from ${VAR}, PGPASSWORD or ~/.pgpass",
+        matches(r"postgres(ql)?://\S*", "a postgresql:// URL"),
+    )
     usage_retention_days: int = setting(31, "days a per-request usage row is kept", at_least(1))
     rollup_retention_days: int = setting(400, "days an hourly usage sum is kept", at_least(1))
 
@@ -375,5 +386,6 @@ class Config:
     )
     logging: LoggingConfig = section(LoggingConfig, "log format and level")
     store: StoreConfig | None = setting(
-        None, "keys made at run time, the usage ledger, budget windows (SQLite); null = no store"
+        None,
+        "keys made at run time, the usage ledger, budget windows (SQLite or PostgreSQL); null = no store",
     )

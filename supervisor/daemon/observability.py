@@ -1,5 +1,6 @@
 """The daemon's metrics parts in one place: the collectors added to the proxy's registry (the
-supervisor's series and llama-server's relabeled ones) and the optional loopback ``/metrics`` listener.
+supervisor's series and llama-server's relabeled ones) and the optional unauthenticated ``/metrics``
+listener (served to the peers of its allow list only).
 
 The daemon creates one ``Observability`` beside its served models (one or several: every series carries
 the model's name), passes ``collectors`` to the proxy's app, awaits ``start`` before serving and
@@ -54,7 +55,7 @@ class Observability:
         if listener is None:
             return
         sock = bind_listener(listener.host, listener.port)
-        app = create_metrics_app(metrics)
+        app = create_metrics_app(metrics, listener.allow)
         kwargs = {"log_config": None, "access_log": False, "lifespan": "off"}
         if door is not None:
             config = uvicorn_config(app, door, **kwargs)
@@ -64,7 +65,9 @@ class Observability:
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="metrics-listener")
         log.info(
             "unauthenticated /metrics listener open",
-            extra={"fields": {"listen": f"{listener.host}:{listener.port}"}},
+            extra={
+                "fields": {"listen": f"{listener.host}:{listener.port}", "allow": ",".join(listener.allow)}
+            },
         )
 
     async def aclose(self) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
+from proxy.accounts.engines import inspect_configured_store
 from proxy.accounts.ledger import LedgerStats
 from proxy.accounts.service import Accounts
-from proxy.accounts.sqlite import inspect_store
 from proxy.accounts.store import StoreError
 from proxy.app import create_app
 from proxy.listener.guard import FrontDoor
@@ -32,8 +32,9 @@ from supervisor.errors import Misconfigured
 
 
 def open_accounts(cfg: Config) -> Accounts | None:
-    """The store of ``cfg`` opened as the daemon's (its lock taken: one daemon per file); None without
-    ``store:``. A file that cannot be used is ``Misconfigured`` (exit 2) naming it and what is wrong."""
+    """The store of ``cfg`` opened as the daemon's (SQLite: its lock taken, one daemon per file;
+    PostgreSQL: shared by every replica); None without ``store:``. A store that cannot be used is
+    ``Misconfigured`` (exit 2) naming it and what is wrong."""
     settings = proxy_settings(cfg)
     if settings.store is None:
         return None
@@ -50,7 +51,7 @@ def check_store(cfg: Config) -> str | None:
     if settings is None:
         return None
     try:
-        return inspect_store(settings.path)
+        return inspect_configured_store(settings)
     except StoreError as exc:
         raise Misconfigured(str(exc)) from exc
 

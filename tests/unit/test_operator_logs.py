@@ -47,7 +47,7 @@ def test_reload_changes_are_listed_field_by_field() -> None:
     lines = diff(parse_config(BASE, env={}), parse_config(CHANGED, env={}))
     assert lines == [
         "proxy.timeouts.total_s: 900.0 -> 60.0",
-        "proxy.metrics_listener: null -> {host: 127.0.0.1, port: 9999}",
+        "proxy.metrics_listener: null -> {host: 127.0.0.1, port: 9999, allow: [127.0.0.0/8, ::1/128]}",
         "llama.extra_args: [] -> [--cache-reuse, 256]",
         "tenants: removed alpha",
         "tenants: added gamma",

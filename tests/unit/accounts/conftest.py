@@ -1,5 +1,7 @@
-"""Real SQLite files in tmp_path for the accounts store; a deadline wait for what another thread or
-process makes true."""
+"""The accounts store for a test: ``store`` is each engine in turn (a real SQLite file in tmp_path, and a
+fresh database on a real, private PostgreSQL server: ``postgres_url`` in tests/conftest.py), so every
+test written against the ``Store`` interface runs on both; ``sqlite_store`` is the file only, for tests
+of what is SQLite's own. A deadline wait for what another thread or process makes true."""
 
 from __future__ import annotations
 
@@ -9,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from proxy.accounts.postgres import open_postgres
+from proxy.accounts.sqlbase import SqlStore
 from proxy.accounts.sqlite import SqliteStore, open_store
+
+ENGINES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.needs_tool("initdb", "postgres"))]
 
 
 @pytest.fixture
@@ -18,8 +24,19 @@ def store_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(store_path: Path) -> Iterator[SqliteStore]:
+def sqlite_store(store_path: Path) -> Iterator[SqliteStore]:
     opened = open_store(store_path)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(params=ENGINES)
+def store(request: pytest.FixtureRequest, store_path: Path) -> Iterator[SqlStore]:
+    opened: SqlStore
+    if request.param == "postgresql":
+        opened = open_postgres(request.getfixturevalue("postgres_url"))
+    else:
+        opened = open_store(store_path)
     yield opened
     opened.close()
 

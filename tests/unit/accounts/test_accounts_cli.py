@@ -1,4 +1,6 @@
-"""``llamagate keys`` and ``llamagate usage`` against a real store file, as an operator runs them."""
+"""``llamagate keys`` and ``llamagate usage`` against a real store, as an operator runs them: each test of
+what the commands do runs on both engines (``config``: an SQLite file, then a PostgreSQL database); what
+is about the file itself takes ``sqlite_config``."""
 
 from __future__ import annotations
 
@@ -12,27 +14,57 @@ import pytest
 import yaml
 
 from proxy.accounts.keyview import KeyView
+from proxy.accounts.postgres import display_url, open_postgres
 from proxy.accounts.records import Batch
+from proxy.accounts.sqlbase import SqlStore
 from proxy.accounts.sqlite import open_store
 from proxy.settings import BudgetSettings
 from supervisor.cli import main
+from tests.unit.accounts.conftest import ENGINES
 from tests.unit.accounts.test_accounts_ledger import T0, record
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "config.yaml"
+def write_config(folder: Path, store: str) -> Path:
+    path = folder / "config.yaml"
     # The model's digest comes from an unset variable: keys and usage read only store: and tenants:.
     path.write_text(
         "llama:\n  model: {path: m.gguf, sha256: '${LLAMAGATE_TEST_NOT_SET}'}\n"
-        "store:\n  path: state/llamagate.db\n"
+        f"store:\n  {store}\n"
         "tenants: [{name: team}, {name: ops}]\n"
     )
     return path
 
 
+@pytest.fixture
+def sqlite_config(tmp_path: Path) -> Path:
+    return write_config(tmp_path, "path: state/llamagate.db")
+
+
+@pytest.fixture(params=ENGINES)
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    if request.param == "postgresql":
+        return write_config(tmp_path, f"url: {request.getfixturevalue('postgres_url')}")
+    return write_config(tmp_path, "path: state/llamagate.db")
+
+
 def db(config: Path) -> Path:
     return config.parent / "state" / "llamagate.db"
+
+
+def _url(config: Path) -> str | None:
+    store = yaml.safe_load(config.read_text())["store"]
+    return str(store["url"]) if "url" in store else None
+
+
+def opened(config: Path) -> SqlStore:
+    """The store the configuration names, opened as the test's own (beside the commands)."""
+    url = _url(config)
+    return open_postgres(url) if url is not None else open_store(db(config))
+
+
+def where(config: Path) -> str:
+    url = _url(config)
+    return display_url(url) if url is not None else str(db(config))
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -60,8 +92,8 @@ def test_keys_new_writes_into_the_store_and_prints_the_key_once(
     assert status == 0
     key = out.splitlines()[0].split()[-1]
     assert out.count(key) == 1 and "digest" not in out
-    assert f"Stored in {db(config)} as id {key[3:15]}" in out
-    store = open_store(db(config))
+    assert f"Stored in {where(config)} as id {key[3:15]}" in out
+    store = opened(config)
     try:
         (record,) = store.list_keys()
         view = KeyView(store)
@@ -92,11 +124,11 @@ def test_without_a_store_keys_new_prints_config_lines_as_before(
 
 
 def test_a_tenant_the_config_does_not_have_is_refused(
-    capsys: pytest.CaptureFixture[str], config: Path
+    capsys: pytest.CaptureFixture[str], sqlite_config: Path
 ) -> None:
-    status, _, err = run(capsys, "keys", "new", "--config", str(config), "--tenant", "nobody")
+    status, _, err = run(capsys, "keys", "new", "--config", str(sqlite_config), "--tenant", "nobody")
     assert status == 2 and "--tenant nobody:" in err and "tenants: team, ops" in err
-    assert not db(config).exists()
+    assert not db(sqlite_config).exists()
 
 
 @pytest.mark.parametrize(
@@ -108,9 +140,9 @@ def test_a_tenant_the_config_does_not_have_is_refused(
     ],
 )
 def test_bad_options_are_named(
-    capsys: pytest.CaptureFixture[str], config: Path, args: tuple[str, ...], message: str
+    capsys: pytest.CaptureFixture[str], sqlite_config: Path, args: tuple[str, ...], message: str
 ) -> None:
-    status, _, err = run(capsys, "keys", "new", "--config", str(config), "--tenant", "team", *args)
+    status, _, err = run(capsys, "keys", "new", "--config", str(sqlite_config), "--tenant", "team", *args)
     assert status == 2 and message in err
 
 
@@ -147,7 +179,7 @@ def test_revoke_and_rotate(capsys: pytest.CaptureFixture[str], config: Path) -> 
     status, out, _ = run(capsys, "keys", "rotate", old[3:15], "--config", str(config), "--grace", "1h")
     assert status == 0 and "The old key works until" in out
     new = out.splitlines()[0].split()[-1]
-    store = open_store(db(config))
+    store = opened(config)
     try:
         view = KeyView(store)
         view.refresh()
@@ -177,7 +209,7 @@ def test_keys_budget_changes_only_what_it_is_given(capsys: pytest.CaptureFixture
         "--requests-per-minute", "5",
     )  # fmt: skip
     assert status == 0, out
-    store = open_store(db(config))
+    store = opened(config)
     try:
         record = store.get_key(key[3:15])
     finally:
@@ -187,28 +219,30 @@ def test_keys_budget_changes_only_what_it_is_given(capsys: pytest.CaptureFixture
 
 
 def test_read_commands_need_a_store_and_never_make_one(
-    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], sqlite_config: Path, tmp_path: Path
 ) -> None:
-    status, _, err = run(capsys, "keys", "list", "--config", str(config))
-    assert status == 2 and "no store there yet" in err and not db(config).exists()
+    status, _, err = run(capsys, "keys", "list", "--config", str(sqlite_config))
+    assert status == 2 and "no store there yet" in err and not db(sqlite_config).exists()
     plain = tmp_path / "plain.yaml"
     plain.write_text("tenants: [{name: team}]\n")
     status, _, err = run(capsys, "usage", "--config", str(plain))
     assert status == 2 and "no store configured (add 'store: {}'" in err
 
 
-def test_a_corrupt_store_is_exit_2_naming_the_file(capsys: pytest.CaptureFixture[str], config: Path) -> None:
-    db(config).parent.mkdir()
-    db(config).write_text("not a database")
-    status, _, err = run(capsys, "keys", "new", "--config", str(config), "--tenant", "team")
-    assert status == 2 and f"{db(config)}: not an SQLite database" in err
-    assert run(capsys, "usage", "--config", str(config))[0] == 2
+def test_a_corrupt_store_is_exit_2_naming_the_file(
+    capsys: pytest.CaptureFixture[str], sqlite_config: Path
+) -> None:
+    db(sqlite_config).parent.mkdir()
+    db(sqlite_config).write_text("not a database")
+    status, _, err = run(capsys, "keys", "new", "--config", str(sqlite_config), "--tenant", "team")
+    assert status == 2 and f"{db(sqlite_config)}: not an SQLite database" in err
+    assert run(capsys, "usage", "--config", str(sqlite_config))[0] == 2
 
 
 def test_usage_reports_the_ledger_as_json_csv_and_a_table(
     capsys: pytest.CaptureFixture[str], config: Path
 ) -> None:
-    store = open_store(db(config))
+    store = opened(config)
     rows = [
         record(1, tenant="team", model="m1", at=T0),
         record(2, tenant="team", model="m2", at=T0 + 100),

@@ -1,5 +1,6 @@
 """``proxy/accounts`` is the proxy's state, usable by the supervisor's commands: it imports only the
-standard library, itself, and the proxy's top-level ``settings``, ``auth`` and ``errors``."""
+standard library, itself, and the proxy's top-level ``settings``, ``auth`` and ``errors``; and psycopg,
+the PostgreSQL engine's driver (``postgres.py``, imported only when ``store.url`` names a database)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parents[3] / "proxy" / "accounts"
-ALLOWED = ("proxy.settings", "proxy.auth", "proxy.errors", "proxy.accounts")
+ALLOWED = ("proxy.settings", "proxy.auth", "proxy.errors", "proxy.accounts", "psycopg")
 
 
 def imports(path: Path) -> list[str]:

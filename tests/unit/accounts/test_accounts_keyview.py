@@ -12,6 +12,7 @@ import pytest
 
 from proxy.accounts.issue import issue_key, successor
 from proxy.accounts.keyview import KeyView
+from proxy.accounts.sqlbase import SqlStore
 from proxy.accounts.sqlite import SqliteStore, open_store
 from proxy.accounts.store import StoreError
 from proxy.auth import KeyTable, key_digest
@@ -22,8 +23,9 @@ REPO = Path(__file__).resolve().parents[3]
 INFERENCE: frozenset[Scope] = frozenset({"inference"})
 
 
-def test_a_key_is_stored_as_its_digest_only(store: SqliteStore, store_path: Path) -> None:
+def test_a_key_is_stored_as_its_digest_only(sqlite_store: SqliteStore, store_path: Path) -> None:
     key, record = issue_key("team", INFERENCE, 100.0, name="ci", models=("gemma",))
+    store = sqlite_store
     store.add_key(record)
     store.close()
     data = b"".join(p.read_bytes() for p in store_path.parent.iterdir())
@@ -35,7 +37,7 @@ def test_a_key_is_stored_as_its_digest_only(store: SqliteStore, store_path: Path
     assert record.digest == key_digest(key)
 
 
-def test_the_view_answers_like_an_unknown_key_for_revoked_and_expired(store: SqliteStore) -> None:
+def test_the_view_answers_like_an_unknown_key_for_revoked_and_expired(store: SqlStore) -> None:
     now = 1_000.0
     live, live_rec = issue_key("a", INFERENCE, now)
     gone, gone_rec = issue_key("a", INFERENCE, now)
@@ -57,7 +59,7 @@ def test_the_view_answers_like_an_unknown_key_for_revoked_and_expired(store: Sql
     assert view.authenticate("sk-not-ours", now) is None
 
 
-def test_models_and_budgets_travel_with_the_key(store: SqliteStore) -> None:
+def test_models_and_budgets_travel_with_the_key(store: SqlStore) -> None:
     key, record = issue_key(
         "a", INFERENCE, 1.0, models=("m1", "m2"), budgets=BudgetSettings(tokens_per_minute=50)
     )
@@ -73,7 +75,7 @@ def test_models_and_budgets_travel_with_the_key(store: SqliteStore) -> None:
     assert view.authenticate(key, 2.0).budgets == BudgetSettings(tokens_per_day=9)  # type: ignore[union-attr]
 
 
-def test_rotation_revokes_now_or_after_a_grace(store: SqliteStore) -> None:
+def test_rotation_revokes_now_or_after_a_grace(store: SqlStore) -> None:
     now = 5_000.0
     old_key, old = issue_key("a", frozenset({"inference", "admin"}), now, name="svc")
     store.add_key(old)
@@ -93,14 +95,14 @@ def test_rotation_revokes_now_or_after_a_grace(store: SqliteStore) -> None:
         store.replace_key(new.key_id, successor(new, now)[1], now)
 
 
-def test_a_key_id_that_exists_is_refused(store: SqliteStore) -> None:
+def test_a_key_id_that_exists_is_refused(store: SqlStore) -> None:
     _, record = issue_key("a", INFERENCE, 1.0)
     store.add_key(record)
     with pytest.raises(StoreError, match=f"a key with id {record.key_id} exists already"):
         store.add_key(record)
 
 
-def test_the_view_reads_the_keys_only_when_the_marker_moved(store: SqliteStore) -> None:
+def test_the_view_reads_the_keys_only_when_the_marker_moved(store: SqlStore) -> None:
     view = KeyView(store)
     assert view.refresh() and view.reloads == 1
     assert not view.refresh() and view.reloads == 1
@@ -113,7 +115,7 @@ def test_the_view_reads_the_keys_only_when_the_marker_moved(store: SqliteStore) 
     assert view.refresh() and view.reloads == 2 and len(view) == 1
 
 
-def test_last_use_is_written_in_batches_not_per_request(store: SqliteStore) -> None:
+def test_last_use_is_written_in_batches_not_per_request(store: SqlStore) -> None:
     from proxy.accounts.records import Batch
 
     _, record = issue_key("a", INFERENCE, 1.0)
@@ -170,7 +172,7 @@ def test_a_key_made_and_revoked_by_another_process_is_seen_by_the_poll(
     print(f"in force {seen - record.created:.3f} s after keys new, {gone - after.revoked:.3f} s after revoke")
 
 
-def test_a_store_that_cannot_be_read_keeps_the_last_keys(store: SqliteStore) -> None:
+def test_a_store_that_cannot_be_read_keeps_the_last_keys(store: SqlStore) -> None:
     class Broken:
         polls = 0
 

@@ -14,7 +14,8 @@ import pytest
 
 from proxy.accounts.ledger import Ledger
 from proxy.accounts.records import Batch, UsageRecord
-from proxy.accounts.sqlite import SqliteStore, open_store
+from proxy.accounts.sqlbase import SqlStore
+from proxy.accounts.sqlite import open_store
 from proxy.accounts.writer import Retention, StoreWriter
 from tests.unit.accounts.conftest import wait_until
 
@@ -39,7 +40,7 @@ def record(i: int, *, tenant: str = "a", model: str = "m", at: float = T0, statu
     )
 
 
-def test_charge_never_writes_the_writer_does_in_batches(store: SqliteStore) -> None:
+def test_charge_never_writes_the_writer_does_in_batches(store: SqlStore) -> None:
     ledger = Ledger(batch_size=100)
     writer = StoreWriter(store, ledger, interval_s=3600)  # only a full batch wakes it
     writer.start()
@@ -54,7 +55,7 @@ def test_charge_never_writes_the_writer_does_in_batches(store: SqliteStore) -> N
         writer.close()
 
 
-def test_the_writer_writes_on_its_interval_and_flush_writes_the_rest(store: SqliteStore) -> None:
+def test_the_writer_writes_on_its_interval_and_flush_writes_the_rest(store: SqlStore) -> None:
     ledger = Ledger(batch_size=1000)
     writer = StoreWriter(store, ledger, interval_s=0.05)
     writer.start()
@@ -68,7 +69,7 @@ def test_the_writer_writes_on_its_interval_and_flush_writes_the_rest(store: Sqli
     assert [r.request_id for r in store.usage_records()] == ["r1", "r2"]
 
 
-def test_the_hourly_rollup_and_the_report_groups(store: SqliteStore) -> None:
+def test_the_hourly_rollup_and_the_report_groups(store: SqlStore) -> None:
     rows = [
         record(1, tenant="a", model="m1", at=T0 + 10),
         record(2, tenant="a", model="m2", at=T0 + 20, status=429),
@@ -101,7 +102,7 @@ def test_the_hourly_rollup_and_the_report_groups(store: SqliteStore) -> None:
     assert [(r.tenant, r.requests) for r in store.usage(key_id="k1")] == [("a", 1), ("b", 1)]
 
 
-def test_retention_prunes_rows_and_rollups_by_their_own_age(store: SqliteStore) -> None:
+def test_retention_prunes_rows_and_rollups_by_their_own_age(store: SqlStore) -> None:
     day = 86400.0
     store.write(Batch(usage=(record(1, at=T0), record(2, at=T0 + 40 * day))))
     ledger = Ledger()
@@ -209,7 +210,7 @@ def test_memory_stays_bounded_while_the_store_refuses(caplog: pytest.LogCaptureF
     assert again == batch and fresh_again == 0  # a failed batch comes back first, in its order
 
 
-def test_charge_is_safe_from_many_threads(store: SqliteStore) -> None:
+def test_charge_is_safe_from_many_threads(store: SqlStore) -> None:
     ledger = Ledger(batch_size=64)
     writer = StoreWriter(store, ledger, interval_s=0.01)
     writer.start()

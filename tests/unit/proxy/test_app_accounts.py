@@ -1,6 +1,7 @@
 """The accounts store on the request path, through the whole app (uvicorn + the fake child) and a real
-SQLite file: store keys accepted and refused as config keys are, a key's models, the budgets at
-admission with OpenAI's rate-limit headers, the usage each answer is charged, and the admin routes."""
+store (each test on both engines: an SQLite file, then a database on a real PostgreSQL server): store
+keys accepted and refused as config keys are, a key's models, the budgets at admission with OpenAI's
+rate-limit headers, the usage each answer is charged, and the admin routes."""
 
 from __future__ import annotations
 
@@ -12,15 +13,20 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from proxy.accounts.issue import issue_key
+from proxy.accounts.postgres import open_postgres
 from proxy.accounts.records import UsageRecord
 from proxy.accounts.service import Accounts
 from proxy.accounts.sqlite import open_store
+from proxy.accounts.store import Store
 from proxy.models.lane import ModelEntry
 from proxy.settings import BudgetSettings, Scope, TenantSettings
+from supervisor.bench.postgres import Postgres
 from tests.fakes.fake_upstream import FakeLlama, eventually
+from tests.unit.accounts.conftest import ENGINES
 from tests.unit.proxy.conftest import SECRET, Proxy, ProxyFactory
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -41,16 +47,25 @@ def tenants(queue_timeout_s: float = 10, **budgets: int) -> tuple[TenantSettings
 Served = Callable[..., AbstractAsyncContextManager[tuple[Proxy, Accounts]]]
 
 
+@pytest.fixture(params=ENGINES)
+def open_fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
+    """Opens the test's store: a new SQLite file, or a new PostgreSQL database."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        return lambda: open_postgres(url)
+    return lambda: open_store(tmp_path / "llamagate.db")
+
+
 @pytest.fixture
-def served(proxy_factory: ProxyFactory, tmp_path: Path) -> Served:
-    """The proxy with an ``Accounts`` on a fresh store file, started and closed around the test."""
+def served(proxy_factory: ProxyFactory, open_fresh: Callable[[], Store]) -> Served:
+    """The proxy with an ``Accounts`` on a fresh store, started and closed around the test."""
 
     @asynccontextmanager
     async def make(
         fake: FakeLlama | None = None, queue_timeout_s: float = 10, **budgets: int
     ) -> AsyncIterator[tuple[Proxy, Accounts]]:
         configured = tenants(queue_timeout_s, **budgets)
-        accounts = Accounts(open_store(tmp_path / "llamagate.db"), configured, poll_s=0.05, interval_s=0.05)
+        accounts = Accounts(open_fresh(), configured, poll_s=0.05, interval_s=0.05)
         accounts.start()
         try:
             async with proxy_factory(fake, accounts=accounts, tenants=configured) as p:
@@ -397,3 +412,42 @@ async def test_budgets_without_a_store_are_kept_in_memory(proxy_factory: ProxyFa
         assert second.headers["x-ratelimit-limit-requests"] == "1"
         async with p.client("admin") as admin:
             assert (await admin.get("/admin/usage")).status_code == 404  # no ledger without a store
+
+
+# -- PostgreSQL going away ----------------------------------------------------------------------------
+
+
+@pytest.mark.needs_tool("initdb", "postgres")
+async def test_a_database_gone_away_is_503_for_admin_changes_and_comes_back_without_a_restart(
+    proxy_factory: ProxyFactory, postgres_server: Postgres, postgres_url: str
+) -> None:
+    configured = tenants()
+    accounts = Accounts(open_postgres(postgres_url), configured, poll_s=0.05, interval_s=0.05)
+    accounts.start()
+    key, _ = store_key(accounts)
+    name = postgres_url.rsplit("/", 1)[1]
+
+    def database(allow: bool) -> None:
+        with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allow).lower()}')
+            if not allow:  # and end the sessions the store holds
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+                )
+
+    try:
+        async with proxy_factory(accounts=accounts, tenants=configured) as p, p.client("admin") as admin:
+            await asyncio.to_thread(database, False)
+            refused = await admin.post("/admin/keys", json={"tenant": "team"})
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "store_unavailable" and accounts.store.where in error["message"]
+            # The keys in memory keep answering while the database is away.
+            async with httpx.AsyncClient(base_url=p.url, timeout=30, headers=bearer(key)) as c:
+                assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            await asyncio.to_thread(database, True)
+            made = await admin.post("/admin/keys", json={"tenant": "team"})
+            assert made.status_code == 201, made.text
+    finally:
+        await asyncio.to_thread(database, True)
+        accounts.close()
