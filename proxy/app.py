@@ -29,7 +29,13 @@ from proxy.accounts.service import Accounts
 from proxy.admission.gate import Admission
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
-from proxy.metrics.proxy import AdmissionCollector, LedgerCollector, ProxyMetrics, Refreshable
+from proxy.metrics.proxy import (
+    AdmissionCollector,
+    ClusterCollector,
+    LedgerCollector,
+    ProxyMetrics,
+    Refreshable,
+)
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
@@ -129,6 +135,7 @@ def create_app(
         return {name: lane.admission for name, lane in state.router.lanes.items()}
 
     registry.register(AdmissionCollector(gates))
+    registry.register(ClusterCollector(lambda: state.cluster))
     for collector in extra_collectors:
         registry.register(collector)
         if isinstance(collector, Refreshable):

@@ -4,7 +4,9 @@ What belongs to the door rather than to one model: settings, keys and tenants, e
 across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
 connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
 of requests being handled (for the drain), the listener's state (``door``, for /readyz) and, with a store,
-the accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``).
+the accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``), and
+with ``cluster.redis_url`` the limiter that shares tenants' concurrency with the other replicas
+(``cluster``: ``proxy.cluster``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -24,6 +26,7 @@ from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
+from proxy.cluster.limiter import ClusterLimiter
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.models.lane import ModelEntry
@@ -70,6 +73,9 @@ class ProxyState:
         # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
         # budgets kept in memory, else nothing (``proxy.routes.charge``).
         self.book: Accounts | MemoryBudgets | None = accounts
+        # Tenant concurrency shared with the other replicas (``proxy.cluster``); None: this replica alone.
+        # Not reloadable: the connection is made once.
+        self.cluster = ClusterLimiter(settings.cluster) if settings.cluster is not None else None
         self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
 
@@ -119,6 +125,8 @@ class ProxyState:
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        if self.cluster is not None:
+            await self.cluster.aclose()
 
     # --- request-facing ----------------------------------------------------------------------------------
     def track_active(self, delta: int) -> None:

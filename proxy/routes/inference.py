@@ -7,10 +7,12 @@ lane is its own admission gate), an unloaded on_demand model is loaded (the wait
 the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
 it also says how many slots the request occupies), the token and request budgets of a store
 (``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
-slot is taken), then admission of that many slots on the lane's gate (and the tenant's total at the
-door), then the child. Every step that can wait (queue, first token, the stream) runs under the client
-watch, so a client that leaves releases what it held at once (not the on-demand load wait: the load is
-shared with other requests and goes on; a client that left during it is noticed at admission).
+slot is taken), with ``cluster.redis_url`` the tenant's leases shared with the other replicas
+(``proxy.cluster``: before the local gate, so no slot is held while a lease is awaited), then admission
+of that many slots on the lane's gate (and the tenant's total at the door), then the child. Every step
+that can wait (queue, first token, the stream) runs under the client watch, so a client that leaves
+releases what it held at once (not the on-demand load wait: the load is shared with other requests and
+goes on; a client that left during it is noticed at admission).
 
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
@@ -172,7 +174,17 @@ class Inference:
                 # Re-read: the child may have restarted while the body was on its way.
                 await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
             with state.totals.hold(tenant, cost.slots):
-                await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge)
+                # Leases shared with the other replicas (``proxy.cluster``), before the lane's own gate.
+                lease = (
+                    None
+                    if state.cluster is None
+                    else await state.cluster.acquire(ctx, lane.name, tenant, cost.slots)
+                )
+                try:
+                    await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge)
+                finally:
+                    if lease is not None:
+                        lease.release()
 
     # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
     async def _attempts(

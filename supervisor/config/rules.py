@@ -10,7 +10,14 @@ from supervisor.launch.flags import refused_extra_args
 
 
 def cross_check(cfg: Config) -> list[str]:
-    return [*_llama(cfg), *_models(cfg), *_supervision(cfg), *_tenants_and_keys(cfg), *_proxy(cfg)]
+    return [
+        *_llama(cfg),
+        *_models(cfg),
+        *_supervision(cfg),
+        *_tenants_and_keys(cfg),
+        *_proxy(cfg),
+        *_cluster(cfg),
+    ]
 
 
 def _models(cfg: Config) -> list[str]:
@@ -111,3 +118,10 @@ def _proxy(cfg: Config) -> list[str]:
     if ml is not None and ml.host not in ("127.0.0.1", "::1", "localhost"):
         out.append("proxy.metrics_listener.host: must be a loopback address (the listener has no auth)")
     return out
+
+
+def _cluster(cfg: Config) -> list[str]:
+    """``cluster:`` without the Redis it is about would silently be per-replica limits."""
+    if cfg.cluster is not None and not cfg.cluster.redis_url:
+        return ["cluster.redis_url: required (redis://host:port/db) when cluster is set; or remove cluster"]
+    return []

@@ -1,0 +1,170 @@
+"""``ClusterLimiter`` with a real redis-server: two limiters stand for two replicas. The shared limit,
+the fair wait, the deadline, a cancelled waiter, and Redis killed and back (local and refuse)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from proxy.asgi.context import RequestContext
+from proxy.cluster.limiter import ClusterLease, ClusterLimiter
+from proxy.errors import Rejected, SharedLimitsUnavailable
+from proxy.settings import ClusterFallback, ClusterSettings, TenantSettings
+from tests.helpers.redis_server import RedisServer
+
+pytestmark = pytest.mark.needs_tool("redis-server")
+
+TENANT = TenantSettings("t", max_concurrency=2, max_queue=8, queue_timeout_s=30.0)
+
+
+def ctx() -> RequestContext:
+    return RequestContext("req", time.monotonic())
+
+
+async def until(pred: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+Make = Callable[..., Awaitable[ClusterLimiter]]
+
+
+@pytest.fixture
+async def make(redis_server: RedisServer) -> AsyncIterator[Make]:
+    made: list[ClusterLimiter] = []
+
+    async def factory(
+        on_redis_error: ClusterFallback = "local", replicas: int = 2, ttl_s: float = 3.0
+    ) -> ClusterLimiter:
+        limiter = ClusterLimiter(
+            ClusterSettings(
+                redis_server.url, replicas=replicas, on_redis_error=on_redis_error, lease_ttl_s=ttl_s
+            )
+        )
+        made.append(limiter)
+        return limiter
+
+    yield factory
+    for limiter in made:
+        await limiter.aclose()
+
+
+async def test_two_replicas_never_hold_more_than_the_limit_and_waiters_get_freed_leases(make: Make) -> None:
+    replicas = [await make(), await make()]
+    held = 0
+    most = 0
+
+    async def request(i: int) -> None:
+        nonlocal held, most
+        lease = await replicas[i % 2].acquire(ctx(), "m", TENANT, 1)
+        held += 1
+        most = max(most, held)
+        await asyncio.sleep(0.05)
+        held -= 1
+        lease.release()
+
+    await asyncio.gather(*(request(i) for i in range(8)))
+    assert most == 2  # the limit was reached, never passed, across both
+    await until(lambda: all(r.held == 0 for r in replicas), "every lease released")
+
+
+async def test_a_waiter_gives_up_at_its_deadline(make: Make) -> None:
+    a, b = await make(), await make()
+    short = TenantSettings("t", max_concurrency=1, queue_timeout_s=0.3)
+    lease = await a.acquire(ctx(), "m", short, 1)
+    with pytest.raises(Rejected) as refused:
+        await b.acquire(ctx(), "m", short, 1)
+    assert refused.value.reason == "queue_timeout"
+    assert "retry-after" in refused.value.headers
+    lease.release()
+    # Its place in line was given back: the next one is granted at once.
+    await until(lambda: a.held == 0, "the lease released")
+    (await b.acquire(ctx(), "m", short, 1)).release()
+
+
+async def test_a_cancelled_waiter_leaves_the_line(make: Make) -> None:
+    a, b = await make(), await make()
+    one = TenantSettings("t", max_concurrency=1, max_queue=1)
+    lease = await a.acquire(ctx(), "m", one, 1)
+    waiter = asyncio.create_task(b.acquire(ctx(), "m", one, 1))
+    await asyncio.sleep(0.1)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await until(lambda: not b._tasks, "the place given back")
+    # The line (max_queue 1) has room again: another waiter may queue, and gets the lease.
+    other = asyncio.create_task(b.acquire(ctx(), "m", one, 1))
+    await asyncio.sleep(0.1)
+    lease.release()
+    (await asyncio.wait_for(other, 10)).release()
+
+
+async def test_redis_killed_local_fallback_then_cluster_again(
+    make: Make, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    limiter = await make("local", replicas=2)
+    running = await limiter.acquire(ctx(), "m", TENANT, 1)
+    assert limiter.mode == "cluster"
+    redis_server.kill()
+    caplog.set_level(logging.INFO, logger="llamagate.cluster")
+    # Local limits: 2 // 2 replicas = 1 per replica, at once (no hang on the dead Redis).
+    first = await asyncio.wait_for(limiter.acquire(ctx(), "m", TENANT, 1), 5)
+    assert limiter.mode == "local"
+    assert first.local
+    with pytest.raises(Rejected):
+        await limiter.acquire(ctx(), "m", TenantSettings("t", max_concurrency=2, queue_timeout_s=0.2), 1)
+    leases: list[ClusterLease] = []
+    first.release()
+    for _ in range(5):
+        lease = await asyncio.wait_for(limiter.acquire(ctx(), "m", TENANT, 1), 5)
+        leases.append(lease)
+        lease.release()
+    lost = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+    assert len(lost) == 1  # one line for the switch, not one per request
+
+    redis_server.start()  # same port, empty
+    await until(lambda: limiter.mode == "cluster", "cluster mode back")
+    assert [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+    # The lease that ran through the outage counts again: one more fits under 2, a third waits.
+    second = await limiter.acquire(ctx(), "m", TENANT, 1)
+    assert not second.local
+    with pytest.raises(Rejected):
+        await limiter.acquire(ctx(), "m", TenantSettings("t", max_concurrency=2, queue_timeout_s=0.2), 1)
+    running.release()
+    second.release()
+
+
+async def test_redis_killed_refuse_answers_503_with_retry_after(
+    make: Make, redis_server: RedisServer
+) -> None:
+    limiter = await make("refuse")
+    redis_server.kill()
+    with pytest.raises(SharedLimitsUnavailable) as refused:
+        await asyncio.wait_for(limiter.acquire(ctx(), "m", TENANT, 1), 5)
+    assert refused.value.status == 503
+    assert int(refused.value.headers["retry-after"]) >= 1
+    assert limiter.mode == "refuse"
+    redis_server.start()
+    await until(lambda: limiter.mode == "cluster", "cluster mode back")
+    (await limiter.acquire(ctx(), "m", TENANT, 1)).release()
+
+
+async def test_held_leases_are_renewed_past_their_ttl(make: Make) -> None:
+    a, b = await make(ttl_s=1.0), await make(ttl_s=1.0)
+    one = TenantSettings("t", max_concurrency=1, queue_timeout_s=0.2)
+    lease = await a.acquire(ctx(), "m", one, 1)
+    end = time.monotonic() + 2.5  # well past the TTL: the renewer keeps it
+    while time.monotonic() < end:
+        with pytest.raises(Rejected):
+            await b.acquire(ctx(), "m", one, 1)
+    lease.release()
+    await until(lambda: a.held == 0, "released")
+    (await b.acquire(ctx(), "m", TenantSettings("t", max_concurrency=1), 1)).release()
