@@ -81,7 +81,7 @@ class ClusterSettings:
     # A lease not renewed for this long is free: the longest a dead replica's leases stay counted.
     lease_ttl_s: float = 5.0
     # Longest wait for one Redis answer (connect or reply), so a dead or hung Redis never hangs a request.
-    socket_timeout_s: float = 0.25
+    socket_timeout_s: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -88,9 +88,11 @@ class ClusterLimiter:
                 settings.redis_url,
                 socket_timeout=settings.socket_timeout_s,
                 socket_connect_timeout=settings.socket_timeout_s,
-                # No retry inside the client: the mode switch is the retry, and a dead Redis must cost
-                # a request one timeout at most.
-                retry=Retry(NoBackoff(), 0),
+                # One retry, on a broken connection only (not on a timeout): a pooled connection that a
+                # restarted Redis closed fails once and is made again. A dead Redis refuses at once, and
+                # a hung one costs a request one timeout: the mode switch is the real retry.
+                retry=Retry(NoBackoff(), 1),
+                retry_on_timeout=False,
                 health_check_interval=0,
             )
         self.leases = RedisLeases(client)
@@ -98,10 +100,11 @@ class ClusterLimiter:
         self.redis_errors = 0
         self._ttl_ms = max(1, round(settings.lease_ttl_s * 1000))
         # A whole call (connect and answer): bounded even if a socket timeout does not fire.
-        self._call_s = 4 * settings.socket_timeout_s
+        self._call_s = 2 * settings.socket_timeout_s
         self._held: dict[str, Ask] = {}  # member -> its ask: the leases this replica holds in Redis
         self._local: Counter[Group] = Counter()  # slots held under the local fallback, per group
         self._local_held = 0
+        self._local_leases: dict[str, ClusterLease] = {}  # member -> lease taken under the fallback
         self._released = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
@@ -165,7 +168,8 @@ class ClusterLimiter:
                         _PROBE_S,
                     )
                 elif self._take_local(ask):
-                    return ClusterLease(self, ask, local=True)
+                    lease = self._local_leases[ask.member] = ClusterLease(self, ask, local=True)
+                    return lease
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise Rejected(
@@ -208,6 +212,7 @@ class ClusterLimiter:
     def _release(self, lease: ClusterLease) -> None:
         ask = lease.ask
         if lease.local:
+            del self._local_leases[ask.member]
             for g in ask.groups:
                 self._local[g] -= ask.slots
                 if self._local[g] <= 0:
@@ -244,7 +249,7 @@ class ClusterLimiter:
         _log.warning(
             "Redis unreachable: shared limits off, %s until it answers again",
             what,
-            extra={"fields": {"mode": self.mode, "error": type(exc).__name__}},
+            extra={"fields": {"mode": self.mode, "error": f"{type(exc).__name__}: {exc}"}},
         )
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe(), name="cluster-probe")
@@ -252,17 +257,34 @@ class ClusterLimiter:
     async def _probe(self) -> None:
         while True:
             await asyncio.sleep(_PROBE_S)
+            # Every request running here counts in Redis before anyone is admitted by it again: those
+            # that held leases through the outage and those admitted under the local fallback.
+            running = [*self._held.values(), *(lease.ask for lease in self._local_leases.values())]
             try:
                 async with asyncio.timeout(self._call_s):
                     await self.leases.ping()
-                    if self._held:  # requests that ran through the outage count again at once
-                        await self.leases.renew(list(self._held.values()), self._ttl_ms)
+                    await self.leases.renew(running, self._ttl_ms)
             except _REDIS_ERRORS:
                 self.redis_errors += 1
                 continue
-            self.mode = "cluster"
-            _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
+            self._resume(running)
             return
+
+    def _resume(self, renewed: list[Ask]) -> None:
+        """Back to shared limits: the fallback's leases become Redis leases (renewed and released there)."""
+        for lease in self._local_leases.values():
+            lease.local = False
+            self._held[lease.ask.member] = lease.ask
+        self._local_leases.clear()
+        self._local.clear()
+        self._local_held = 0
+        self.mode = "cluster"
+        for ask in renewed:  # ended while the renewal was on its way: put back in Redis, so take out
+            if ask.member not in self._held:
+                self._spawn(self._give_back(ask))
+        if self._held:
+            self._start_renewer()
+        _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
 
     def _start_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():

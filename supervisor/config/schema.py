@@ -364,7 +364,7 @@ class ClusterConfig:
     lease_ttl_s: float = setting(
         5.0, "a lease not renewed this long is free (a dead replica's leases free within it)", at_least(1)
     )
-    socket_timeout_s: float = setting(0.25, "longest wait for one Redis answer", positive)
+    socket_timeout_s: float = setting(1.0, "longest wait for one Redis connect or answer", positive)
 
 
 @dataclass(frozen=True)

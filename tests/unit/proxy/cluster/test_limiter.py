@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from proxy.asgi.context import RequestContext
-from proxy.cluster.limiter import ClusterLease, ClusterLimiter
+from proxy.cluster.limiter import ClusterLimiter
 from proxy.errors import Rejected, SharedLimitsUnavailable
 from proxy.settings import ClusterFallback, ClusterSettings, TenantSettings
 from tests.helpers.redis_server import RedisServer
@@ -111,8 +111,10 @@ async def test_redis_killed_local_fallback_then_cluster_again(
     make: Make, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     limiter = await make("local", replicas=2)
+    short = TenantSettings("t", max_concurrency=2, queue_timeout_s=0.2)
     running = await limiter.acquire(ctx(), "m", TENANT, 1)
     assert limiter.mode == "cluster"
+    await asyncio.gather(*(limiter.leases.ping() for _ in range(6)))  # a pool of several connections
     redis_server.kill()
     caplog.set_level(logging.INFO, logger="llamagate.cluster")
     # Local limits: 2 // 2 replicas = 1 per replica, at once (no hang on the dead Redis).
@@ -120,26 +122,33 @@ async def test_redis_killed_local_fallback_then_cluster_again(
     assert limiter.mode == "local"
     assert first.local
     with pytest.raises(Rejected):
-        await limiter.acquire(ctx(), "m", TenantSettings("t", max_concurrency=2, queue_timeout_s=0.2), 1)
-    leases: list[ClusterLease] = []
-    first.release()
+        await limiter.acquire(ctx(), "m", short, 1)
     for _ in range(5):
-        lease = await asyncio.wait_for(limiter.acquire(ctx(), "m", TENANT, 1), 5)
-        leases.append(lease)
-        lease.release()
+        with pytest.raises(Rejected):
+            await limiter.acquire(ctx(), "m", short, 1)
     lost = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
     assert len(lost) == 1  # one line for the switch, not one per request
 
     redis_server.start()  # same port, empty
     await until(lambda: limiter.mode == "cluster", "cluster mode back")
     assert [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
-    # The lease that ran through the outage counts again: one more fits under 2, a third waits.
-    second = await limiter.acquire(ctx(), "m", TENANT, 1)
-    assert not second.local
+    # Both requests that ran through the outage count in Redis again (the one admitted under the
+    # fallback too): the limit of 2 is reached, a third waits.
+    assert not first.local
+    another = await make("local", replicas=2)  # another replica sees them
     with pytest.raises(Rejected):
-        await limiter.acquire(ctx(), "m", TenantSettings("t", max_concurrency=2, queue_timeout_s=0.2), 1)
+        await another.acquire(ctx(), "m", short, 1)
+    first.release()
+    (await another.acquire(ctx(), "m", TENANT, 1)).release()
     running.release()
-    second.release()
+    # Its pooled connections, which the dead Redis closed, are made again: no second switch.
+    wide = TenantSettings("t", max_concurrency=6)
+    for _ in range(3):
+        for lease in await asyncio.gather(*(limiter.acquire(ctx(), "m", wide, 1) for _ in range(4))):
+            lease.release()
+    await until(lambda: not limiter._tasks, "the releases done")
+    assert limiter.mode == "cluster"
+    assert len([r for r in caplog.records if "Redis unreachable" in r.getMessage()]) == 1
 
 
 async def test_redis_killed_refuse_answers_503_with_retry_after(
