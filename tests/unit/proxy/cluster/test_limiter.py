@@ -4,9 +4,11 @@ the fair wait, the deadline, a cancelled waiter, and Redis killed and back (loca
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +179,17 @@ async def test_held_leases_are_renewed_past_their_ttl(make: Make) -> None:
     lease.release()
     await until(lambda: a.held == 0, "released")
     (await b.acquire(ctx(), "m", TenantSettings("t", max_concurrency=1), 1)).release()
+
+
+def test_the_lease_benchmark_runs_and_reports_each_phase(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.benchmarks import cli, lease
+
+    out = tmp_path / "lease.json"
+    argv = ["--requests", "30", "--concurrency", "3", "--out", str(out)]
+    assert cli.run("lease", None, lease.add_arguments, lease.handle, argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"sequential", "concurrent_3"}
+    assert all(figures["p50_ms"] > 0 for figures in results.values())
+    assert "lease admission, sequential: p50" in capsys.readouterr().out
