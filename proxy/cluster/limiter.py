@@ -137,19 +137,22 @@ class ClusterLimiter:
         ask = Ask(secrets.token_hex(8), slots, tuple(groups), tenant.max_queue)
         loop = asyncio.get_running_loop()
         delay = _FIRST_RETRY_S
-        in_line = False  # this request has a place in the Redis line (to give back if it stops waiting)
+        # This request may hold something in Redis (a place in line, or leases granted by a call it was
+        # cancelled in): given back if it stops waiting.
+        in_line = False
         soonest = math.inf
         try:
             while True:
                 if self.mode == "cluster":
+                    in_line = True  # a cancel during the call may leave a grant behind
                     try:
                         async with asyncio.timeout(self._call_s):
                             outcome, soonest = await self.leases.acquire(ask, self._ttl_ms)
                     except _REDIS_ERRORS as exc:
                         self._lost(exc)
                         continue  # the fallback answers this request at once
+                    in_line = outcome == "wait"
                     if outcome == "granted":
-                        in_line = False
                         self._held[ask.member] = ask
                         self._start_renewer()
                         return ClusterLease(self, ask, local=False)
@@ -160,7 +163,6 @@ class ClusterLimiter:
                             f"tenant '{tenant.name}' is at its limit of {tenant.max_concurrency} concurrent "
                             f"requests and {tenant.max_queue} queued across the replicas; retry later",
                         )
-                    in_line = True
                 elif self.mode == "refuse":
                     raise SharedLimitsUnavailable(
                         "the shared limits (Redis) are unreachable and cluster.on_redis_error is refuse; "
