@@ -274,6 +274,8 @@ class ClusterLimiter:
 
     def _resume(self, renewed: list[Ask]) -> None:
         """Back to shared limits: the fallback's leases become Redis leases (renewed and released there)."""
+        sent = {ask.member for ask in renewed}
+        late = [lease.ask for lease in self._local_leases.values() if lease.ask.member not in sent]
         for lease in self._local_leases.values():
             lease.local = False
             self._held[lease.ask.member] = lease.ask
@@ -281,9 +283,9 @@ class ClusterLimiter:
         self._local.clear()
         self._local_held = 0
         self.mode = "cluster"
-        for ask in renewed:  # ended while the renewal was on its way: put back in Redis, so take out
-            if ask.member not in self._held:
-                self._spawn(self._give_back(ask))
+        self._settle(renewed)
+        if late:  # admitted under the fallback while the renewal was on its way: counted now
+            self._spawn(self._renew_now(late))
         if self._held:
             self._start_renewer()
         _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
@@ -298,11 +300,23 @@ class ClusterLimiter:
             await asyncio.sleep(self.settings.lease_ttl_s / 3)
             if self.mode != "cluster" or not self._held:
                 continue
-            try:
-                async with asyncio.timeout(self._call_s):
-                    await self.leases.renew(list(self._held.values()), self._ttl_ms)
-            except _REDIS_ERRORS as exc:
-                self._lost(exc)
+            await self._renew_now(list(self._held.values()))
+
+    async def _renew_now(self, asks: list[Ask]) -> None:
+        try:
+            async with asyncio.timeout(self._call_s):
+                await self.leases.renew(asks, self._ttl_ms)
+        except _REDIS_ERRORS as exc:
+            self._lost(exc)
+            return
+        self._settle(asks)
+
+    def _settle(self, renewed: list[Ask]) -> None:
+        """A lease released while its renewal was on its way may have been put back in Redis after its
+        release (two connections, no order between them): release it again, or it would count a TTL."""
+        for ask in renewed:
+            if ask.member not in self._held:
+                self._spawn(self._give_back(ask))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

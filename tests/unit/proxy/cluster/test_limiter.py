@@ -193,3 +193,26 @@ def test_the_lease_benchmark_runs_and_reports_each_phase(
     assert set(results) == {"sequential", "concurrent_3"}
     assert all(figures["p50_ms"] > 0 for figures in results.values())
     assert "lease admission, sequential: p50" in capsys.readouterr().out
+
+
+async def test_a_renewal_that_lands_after_its_release_is_undone(
+    make: Make, redis_server: RedisServer
+) -> None:
+    from redis.asyncio import Redis
+
+    limiter = await make()
+    lease = await limiter.acquire(ctx(), "m", TENANT, 1)
+    lease.release()
+    await until(lambda: not limiter._tasks, "the release done")
+    # A renewal sent just before the release, arriving after it (another connection): the lease is back.
+    await limiter._renew_now([lease.ask])
+    client = Redis.from_url(redis_server.url)
+    try:
+        key = lease.ask.groups[0].key
+        # Well before its TTL (3 s) would end it: released again, not left to count.
+        deadline = time.monotonic() + 1.5
+        while await client.zcard(key) and time.monotonic() < deadline:  # noqa: ASYNC110 - polling Redis
+            await asyncio.sleep(0.02)
+        assert await client.zcard(key) == 0
+    finally:
+        await client.aclose()
