@@ -26,6 +26,7 @@ from proxy.admission.idle import IdleWaiters
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
+from proxy.cluster.budgets import SharedBudgets
 from proxy.cluster.limiter import ClusterLimiter
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
@@ -76,6 +77,10 @@ class ProxyState:
         # Tenant concurrency shared with the other replicas (``proxy.cluster``); None: this replica alone.
         # Not reloadable: the connection is made once.
         self.cluster = ClusterLimiter(settings.cluster) if settings.cluster is not None else None
+        # The budget windows in the same Redis; a hold lives at most a request's longest life.
+        self.shared_budgets = (
+            SharedBudgets(self.cluster, settings.timeouts.total_s) if self.cluster is not None else None
+        )
         self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
 

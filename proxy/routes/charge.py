@@ -36,8 +36,10 @@ from proxy.accounts.service import Accounts, MemoryBudgets
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientGone
 from proxy.auth import Principal
+from proxy.cluster.budgets import SharedBudgets, SharedTicket
 from proxy.errors import ProxyError
 from proxy.metrics.proxy import ProxyMetrics
+from proxy.settings import BudgetSettings
 from proxy.state import ProxyState
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Relay
@@ -52,6 +54,8 @@ class Charge:
         "_kind",
         "_metrics",
         "_model",
+        "_shared",
+        "_shared_ticket",
         "_ticket",
         "relay",
         "who",
@@ -65,8 +69,11 @@ class Charge:
         who: Principal,
         model: str,
         kind: str,
+        shared: SharedBudgets | None = None,
     ) -> None:
         self._accounts = accounts
+        self._shared = shared
+        self._shared_ticket: SharedTicket | None = None
         self._metrics = metrics
         self._ctx = ctx
         self.who = who
@@ -80,15 +87,28 @@ class Charge:
         return self
 
     # -- at admission -------------------------------------------------------------------------------
-    def admit(self, sequences: int, ctx_per_slot: int) -> None:
-        """Ask the budgets; raise the 429 of a spent one (with the rate-limit headers)."""
+    async def admit(self, sequences: int, ctx_per_slot: int, tenant_budgets: BudgetSettings | None) -> None:
+        """Ask the budgets (with ``cluster.redis_url``, those shared in Redis first); raise the 429 of a
+        spent one (with the rate-limit headers)."""
         who = self.who
         reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
+        shared = None
+        if self._shared is not None:
+            shared = await self._shared.check(
+                who.tenant, tenant_budgets, who.key_id, self._key_budgets, reserve
+            )
+            if isinstance(shared, SharedTicket):
+                self._shared_ticket = shared
         now = time.time()
-        got = self._accounts.admit(
-            who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
+        got = (
+            shared
+            if isinstance(shared, Refusal)
+            else self._accounts.admit(
+                who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
+            )
         )
         if isinstance(got, Refusal):
+            self._charge_shared(0)
             # Its rate-limit headers ride on the answer like those of any other (``extra_headers``).
             lines = self._accounts.header_lines(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
             self._ctx.extra_headers = lines
@@ -109,6 +129,7 @@ class Charge:
             return  # refused by the budgets, or before them: nothing held
         if relay is None or not relay.exchange.sent:
             self._accounts.budgets.release(ticket, now)
+            self._charge_shared(0)
             return
         meter = relay.meter
         usage = relay.usage.result(meter.reports if meter is not None else ()) if relay.usage else None
@@ -132,7 +153,13 @@ class Charge:
             ctx.request_id,
         )
         self._accounts.finish(ticket, record)
+        self._charge_shared(prompt + completion)
         self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)
+
+    def _charge_shared(self, tokens: int) -> None:
+        if self._shared is not None and self._shared_ticket is not None:
+            ticket, self._shared_ticket = self._shared_ticket, None
+            self._shared.charge(ticket, tokens)
 
 
 def _status(ctx: RequestContext, exc: BaseException | None) -> int:
@@ -159,7 +186,7 @@ class _NoCharge:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def admit(self, sequences: int, ctx_per_slot: int) -> None:
+    async def admit(self, sequences: int, ctx_per_slot: int, tenant_budgets: BudgetSettings | None) -> None:
         return None
 
     def tap(self, fmt: StreamFormat) -> None:
@@ -184,4 +211,4 @@ def open_charge(
     The tenant's budgets are the accounts' own (``Accounts.reconfigure``), found by its name."""
     if state.book is None:
         return NO_CHARGE
-    return Charge(state.book, state.metrics, ctx, who, model, kind)
+    return Charge(state.book, state.metrics, ctx, who, model, kind, state.shared_budgets)

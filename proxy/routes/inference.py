@@ -153,7 +153,7 @@ class Inference:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
         rewrite = cost.rewritten or rewrite
-        charge.admit(cost.sequences, snap.ctx_per_slot)  # the budgets: 429 before a slot or a queue
+        await charge.admit(cost.sequences, snap.ctx_per_slot, tenant.budgets)  # 429 before a slot or queue
         stream = payload.get("stream") is True and self.spec.generates
         if tenant.check_prompt_size:
             prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
