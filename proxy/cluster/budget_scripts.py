@@ -7,9 +7,10 @@ window may overshoot; requests are counted when admitted.
 Keys of one window ``W`` = ``llamagate:{T}:budget:<subject>:<name>:<budget>`` (``{T}``: the tenant, a
 Redis Cluster hash tag, so a request's windows live on one node):
 
-- ``W``: a hash, bucket start (ms) -> amount. Buckets of 1 s for a minute window, 60 s for the day window;
-  a bucket counts until ``span`` after its *end* (never forgotten early: the bound holds, a charge may
-  count up to one bucket too long);
+- ``W``: a hash, time (ms) -> amount: for a minute window each charge's own millisecond (exact, as the
+  in-memory window; one field per charge in the last minute), for the day window one-minute buckets
+  counted until a day after their *end* (never forgotten early: the bound holds; a charge may count up
+  to a minute too long);
 - ``W:holds`` (sorted set, ticket -> expiry) and ``W:held`` (hash, ticket -> reserve): the reserves of
   requests admitted and not charged yet; ``W:over``: the ticket of the window's overshooter. A hold lives
   until the request is charged or for the request's longest life (``timeouts.total_s``), so a replica
@@ -110,7 +111,8 @@ for i = 1, #KEYS do
   local base = 4 + (i - 1) * 4
   local span, width, kind = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), ARGV[base + 4]
   if kind == 'r' then
-    local b = math.floor(now / width) * width
+    local b = now
+    if width > 0 then b = math.floor(now / width) * width end
     redis.call('HINCRBY', KEYS[i], b, 1)
     redis.call('PEXPIRE', KEYS[i], span + 2 * width)
   end
@@ -129,7 +131,8 @@ for i = 1, #KEYS do
   redis.call('HDEL', key .. ':held', ticket)
   if redis.call('GET', key .. ':over') == ticket then redis.call('DEL', key .. ':over') end
   if tokens > 0 then
-    local b = math.floor(now / width) * width
+    local b = now
+    if width > 0 then b = math.floor(now / width) * width end
     redis.call('HINCRBY', key, b, tokens)
     redis.call('PEXPIRE', key, span + 2 * width)
   end

@@ -23,11 +23,12 @@ from proxy.cluster.limiter import _PROBE_S, _REDIS_ERRORS, ClusterLimiter
 from proxy.errors import SharedLimitsUnavailable
 from proxy.settings import BudgetSettings
 
-# (span, bucket width) in ms, per budget: a minute in 1 s buckets, a day in one-minute buckets.
+# (span, bucket width) in ms, per budget, as ``proxy.accounts.budgets.SPANS``: a minute exact (each charge
+# its own entry, so Retry-After is never more than 60 s), a day in one-minute buckets.
 SPANS_MS: dict[BudgetName, tuple[int, int]] = {
-    "tokens_per_minute": (60_000, 1_000),
+    "tokens_per_minute": (60_000, 0),
     "tokens_per_day": (86_400_000, 60_000),
-    "requests_per_minute": (60_000, 1_000),
+    "requests_per_minute": (60_000, 0),
 }
 
 

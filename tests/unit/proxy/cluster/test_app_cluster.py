@@ -135,3 +135,27 @@ async def test_without_a_redis_url_there_is_no_limiter(proxy_factory: ProxyFacto
         assert p.state.cluster is None
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert await mode(p) == "off"
+
+
+async def test_a_requests_budget_holds_across_two_replicas(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    from proxy.settings import BudgetSettings
+
+    fake = FakeLlama(secret=SECRET, tokens=4)
+    await fake.start()
+    budgeted = (
+        TenantSettings("team", max_concurrency=2, budgets=BudgetSettings(requests_per_minute=3)),
+        *TENANTS[1:],
+    )
+    settings = {"tenants": budgeted, "cluster": cluster(redis_server), "fake": fake}
+    async with proxy_factory(**settings) as a, proxy_factory(**settings) as b:
+        b.state.reload(a.settings)
+        headers = {"authorization": f"Bearer {a.keys['user']}"}
+        async with a.client() as ca, httpx.AsyncClient(base_url=b.url, headers=headers, timeout=30) as cb:
+            statuses = [(await c.post("/v1/chat/completions", json=CHAT)).status_code for c in (ca, cb, ca)]
+            refused = await cb.post("/v1/chat/completions", json=CHAT)
+        assert statuses == [200, 200, 200]  # each replica alone would admit 3 of its own
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "requests_per_minute"
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
