@@ -51,13 +51,18 @@ class Pair:
         self.headers = {"Authorization": f"Bearer {key}"}
 
 
-def start_pair(factory: DaemonFactory, redis: RedisServer, modes: tuple[str, str]) -> Pair:
+def start_pair(
+    factory: DaemonFactory, redis: RedisServer, modes: tuple[str, str], budgets: dict[str, int] | None = None
+) -> Pair:
     key, entry = new_key_config("default", ADMIN)
     daemons = []
+    tenant: dict[str, Any] = {"name": "default", "max_concurrency": 2, "max_queue": 8, "queue_timeout_s": 300}
+    if budgets:
+        tenant["budgets"] = budgets
     for mode in modes:
         overrides = {
             "llama": {"slots": 2, "threads": 1, "ctx_per_slot": 1024},
-            "tenants": [{"name": "default", "max_concurrency": 2, "max_queue": 8, "queue_timeout_s": 300}],
+            "tenants": [tenant],
             "keys": [entry],
             "cluster": {"redis_url": redis.url, "replicas": 2, "on_redis_error": mode, "lease_ttl_s": TTL_S},
         }
@@ -264,6 +269,33 @@ async def test_redis_killed_local_goes_on_refuse_answers_503_and_both_resume_whe
             r for r in d.log_records() if "Redis answers again" in str(r.get("message", r.get("msg", "")))
         ]
         assert len(lost) == 1 and len(back) == 1, (mode, lost, back)
+
+
+async def test_a_tokens_per_minute_budget_holds_across_the_replicas(
+    daemon_factory: DaemonFactory, redis_server: RedisServer
+) -> None:
+    pair = start_pair(daemon_factory, redis_server, ("local", "local"), {"tokens_per_minute": 200})
+    async with httpx.AsyncClient(headers=pair.headers, timeout=300.0, trust_env=False) as client:
+
+        async def user(i: int) -> list[httpx.Response]:
+            d = pair.daemons[i % 2]
+            return [await client.post(f"{d.base_url}/v1/chat/completions", json=chat(64)) for _ in range(2)]
+
+        started = time.monotonic()
+        answers = [r for rs in await asyncio.gather(*(user(i) for i in range(6))) for r in rs]
+        took = time.monotonic() - started
+    admitted = [r.json()["usage"]["total_tokens"] for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 429]
+    print(
+        f"tokens_per_minute 200 across 2 replicas: admitted {admitted} in {took:.1f} s,"
+        f" {len(refused)} refused"
+    )
+    assert took < 60, "the check below assumes every request fell within one minute"
+    # Within a minute, the admitted requests' tokens stay within the budget plus one request's (each
+    # replica alone would have let its own 200 and more through).
+    assert admitted and sum(admitted) <= 200 + max(admitted)
+    assert refused and all(r.json()["error"]["code"] == "tokens_per_minute" for r in refused)
+    assert all(1 <= int(r.headers["retry-after"]) <= 60 for r in refused)
 
 
 async def _true(value: bool) -> bool:
