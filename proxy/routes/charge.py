@@ -3,8 +3,10 @@
 ``Inference`` opens a charge around each request (``open_charge``: without a store, ``NO_CHARGE``, whose
 every step does nothing) and calls it at two points, each a line in ``proxy.routes.inference``:
 
-- ``admit(sequences, ctx_per_slot)``, once the request's cost is known and before it takes a slot or
-  joins a queue: the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
+- ``await admit(sequences, ctx_per_slot, tenant_budgets)``, once the request's cost is known and before
+  it takes a slot or joins a queue (with ``cluster.redis_url``, the windows shared by the replicas in
+  Redis first: ``proxy.cluster.budgets``, charged the same usage at the end, off the request's path):
+  the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
   with the 429 of the spent budget (``Retry-After``: when the window has room). Its reserve is an upper
   bound of what it can use: every sequence at most fills its slot's context (llama-server stops a
   sequence there: context shift is off), so a budget smaller than that runs one such request at a time;
