@@ -37,7 +37,7 @@ import random
 import secrets
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -61,6 +61,12 @@ _MAX_RETRY_S = 0.2
 # How often a degraded replica asks whether Redis is back; also the Retry-After of a refusal.
 _PROBE_S = 1.0
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+class SharedBudgetCheck(Protocol):
+    """The request's budgets as the replicas count them in Redis (``proxy.routes.charge``)."""
+
+    async def admit_shared(self) -> None: ...
 
 
 class ClusterLease:
@@ -118,11 +124,19 @@ class ClusterLimiter:
 
     # --- the request path ------------------------------------------------------------------------------
     async def acquire(
-        self, ctx: RequestContext, model: str, tenant: TenantSettings, slots: int
+        self,
+        ctx: RequestContext,
+        model: str,
+        tenant: TenantSettings,
+        slots: int,
+        budgets: SharedBudgetCheck | None = None,
     ) -> ClusterLease:
         """The tenant's leases for ``slots`` slots of ``model`` (and of its total), at once or after a fair
         wait; ``Rejected`` (429) for a full line or the wait's deadline, ``SharedLimitsUnavailable`` (503)
-        when Redis is unreachable and the fallback is ``refuse``. The wait counts as queue time."""
+        when Redis is unreachable and the fallback is ``refuse``. The wait counts as queue time. First,
+        ``budgets``: the request's budgets shared in Redis (their 429 before any wait)."""
+        if budgets is not None:
+            await budgets.admit_shared()
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:

@@ -3,13 +3,14 @@
 ``Inference`` opens a charge around each request (``open_charge``: without a store, ``NO_CHARGE``, whose
 every step does nothing) and calls it at two points, each a line in ``proxy.routes.inference``:
 
-- ``await admit(sequences, ctx_per_slot, tenant_budgets)``, once the request's cost is known and before
-  it takes a slot or joins a queue (with ``cluster.redis_url``, the windows shared by the replicas in
-  Redis first: ``proxy.cluster.budgets``, charged the same usage at the end, off the request's path):
-  the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
+- ``admit(sequences, ctx_per_slot)``, once the request's cost is known and before it takes a slot or
+  joins a queue: the tenant's and the key's budgets (``proxy.accounts.budgets``) admit it or refuse it
   with the 429 of the spent budget (``Retry-After``: when the window has room). Its reserve is an upper
   bound of what it can use: every sequence at most fills its slot's context (llama-server stops a
   sequence there: context shift is off), so a budget smaller than that runs one such request at a time;
+- with ``cluster.redis_url``, ``await admit_shared()``, called by the cluster limiter before it waits
+  for a lease: the same budgets as the replicas count them together in Redis (``proxy.cluster.budgets``;
+  charged the same usage at the end, off the request's path);
 - ``relay`` is set to the request's ``Relay`` (built with ``tap(...)``, which reads the usage a whole
   or assembled answer reports; a stream's is in its meter's report chunks: ``proxy.streams.usage``);
   after a replay, the last attempt's relay, whose tap and meter
@@ -41,7 +42,6 @@ from proxy.auth import Principal
 from proxy.cluster.budgets import SharedBudgets, SharedTicket
 from proxy.errors import ProxyError
 from proxy.metrics.proxy import ProxyMetrics
-from proxy.settings import BudgetSettings
 from proxy.state import ProxyState
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Relay
@@ -56,6 +56,7 @@ class Charge:
         "_kind",
         "_metrics",
         "_model",
+        "_reserve",
         "_shared",
         "_shared_ticket",
         "_ticket",
@@ -76,6 +77,7 @@ class Charge:
         self._accounts = accounts
         self._shared = shared
         self._shared_ticket: SharedTicket | None = None
+        self._reserve: int | None = None
         self._metrics = metrics
         self._ctx = ctx
         self.who = who
@@ -89,34 +91,41 @@ class Charge:
         return self
 
     # -- at admission -------------------------------------------------------------------------------
-    async def admit(self, sequences: int, ctx_per_slot: int, tenant_budgets: BudgetSettings | None) -> None:
-        """Ask the budgets (with ``cluster.redis_url``, those shared in Redis first); raise the 429 of a
-        spent one (with the rate-limit headers)."""
+    def admit(self, sequences: int, ctx_per_slot: int) -> None:
+        """Ask the budgets; raise the 429 of a spent one (with the rate-limit headers)."""
         who = self.who
         reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
-        shared = None
-        if self._shared is not None:
-            shared = await self._shared.check(
-                who.tenant, tenant_budgets, who.key_id, self._key_budgets, reserve
-            )
-            if isinstance(shared, SharedTicket):
-                self._shared_ticket = shared
+        self._reserve = reserve
         now = time.time()
-        got = (
-            shared
-            if isinstance(shared, Refusal)
-            else self._accounts.admit(
-                who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
-            )
+        got = self._accounts.admit(
+            who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
         )
         if isinstance(got, Refusal):
-            self._charge_shared(0)
             # Its rate-limit headers ride on the answer like those of any other (``extra_headers``).
             lines = self._accounts.header_lines(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
             self._ctx.extra_headers = lines
             raise got.error()
         self._ticket = got
         self._ctx.extra_headers = got.headers  # every answer to it carries them, errors too
+
+    async def admit_shared(self) -> None:
+        """With ``cluster.redis_url``: the same budgets as the replicas count them together in Redis
+        (``proxy.cluster.budgets``), asked by the cluster limiter before it waits for a lease (so still
+        before any slot or queue); raise the 429 of a spent one and give this replica's hold back."""
+        ticket = self._ticket
+        if self._shared is None or ticket is None:
+            return
+        who = self.who
+        tenant_budgets = self._accounts.budgets.tenants.get(who.tenant)
+        got = await self._shared.check(
+            who.tenant, tenant_budgets, who.key_id, self._key_budgets, self._reserve
+        )
+        if isinstance(got, SharedTicket):
+            self._shared_ticket = got
+        elif isinstance(got, Refusal):
+            self._ticket = None
+            self._accounts.budgets.release(ticket, time.time())
+            raise got.error()
 
     def tap(self, fmt: StreamFormat) -> UsageTap:
         return UsageTap(fmt.usage)
@@ -188,7 +197,10 @@ class _NoCharge:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    async def admit(self, sequences: int, ctx_per_slot: int, tenant_budgets: BudgetSettings | None) -> None:
+    def admit(self, sequences: int, ctx_per_slot: int) -> None:
+        return None
+
+    async def admit_shared(self) -> None:
         return None
 
     def tap(self, fmt: StreamFormat) -> None:

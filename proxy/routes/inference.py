@@ -7,7 +7,7 @@ lane is its own admission gate), an unloaded on_demand model is loaded (the wait
 the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
 it also says how many slots the request occupies), the token and request budgets of a store
 (``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
-slot is taken), with ``cluster.redis_url`` the tenant's leases shared with the other replicas
+slot is taken), with ``cluster.redis_url`` the budgets and leases shared with the other replicas
 (``proxy.cluster``: before the local gate, so no slot is held while a lease is awaited), then admission
 of that many slots on the lane's gate (and the tenant's total at the door), then the child. Every step
 that can wait (queue, first token, the stream) runs under the client watch, so a client that leaves
@@ -153,7 +153,7 @@ class Inference:
             payload["model"] = snap.model_alias
         cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
         rewrite = cost.rewritten or rewrite
-        await charge.admit(cost.sequences, snap.ctx_per_slot, tenant.budgets)  # 429 before a slot or queue
+        charge.admit(cost.sequences, snap.ctx_per_slot)  # the budgets: 429 before a slot or a queue
         stream = payload.get("stream") is True and self.spec.generates
         if tenant.check_prompt_size:
             prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
@@ -178,7 +178,7 @@ class Inference:
                 lease = (
                     None
                     if state.cluster is None
-                    else await state.cluster.acquire(ctx, lane.name, tenant, cost.slots)
+                    else await state.cluster.acquire(ctx, lane.name, tenant, cost.slots, charge)
                 )
                 try:
                     await self._attempts(lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge)
