@@ -30,7 +30,13 @@ from proxy.admission.gate import Admission
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
 from proxy.metrics.picker import PickerGauges
-from proxy.metrics.proxy import AdmissionCollector, LedgerCollector, ProxyMetrics, Refreshable
+from proxy.metrics.proxy import (
+    AdmissionCollector,
+    ClusterCollector,
+    LedgerCollector,
+    ProxyMetrics,
+    Refreshable,
+)
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
@@ -142,6 +148,7 @@ def create_app(
     picker = PickerGauges(lanes, state.upstream)
     registry.register(picker)
     metrics.refreshers.append(picker)
+    registry.register(ClusterCollector(lambda: state.cluster))
     for collector in extra_collectors:
         registry.register(collector)
         if isinstance(collector, Refreshable):

@@ -14,6 +14,7 @@
     ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
+    ├── SharedLimitsUnavailable     503 unavailable_error        + Retry-After; Redis down, refuse mode
     ├── StoreUnavailable            503 unavailable_error        an admin change the accounts store refused
     └── UpstreamFailure             502 upstream_error           child died / hung up / malformed answer
         ├── UpstreamGone            502 upstream_error           the child closed the connection before
@@ -191,6 +192,19 @@ class NotReady(ProxyError):
     def __init__(self, message: str, retry_after_s: float | None) -> None:
         # None: no retry is scheduled (FAILED), so no Retry-After promises one.
         super().__init__(message, headers=_retry_after(retry_after_s) if retry_after_s is not None else {})
+
+
+class SharedLimitsUnavailable(ProxyError):
+    """Redis, which holds the limits shared by the replicas, is unreachable and ``cluster.on_redis_error``
+    is ``refuse``: the request is not started (nothing was held)."""
+
+    status = 503
+    type = "unavailable_error"
+    code = "shared_limits_unavailable"
+    outcome = "rejected:shared_limits_unavailable"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, headers=_retry_after(retry_after_s))
 
 
 class StoreUnavailable(ProxyError):

@@ -68,6 +68,24 @@ class StoreSettings:
     url: str | None = None
 
 
+ClusterFallback = Literal["local", "refuse"]
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Limits shared by the replicas of one service through Redis (``proxy.cluster``)."""
+
+    redis_url: str
+    # How many replicas share the limits: with Redis unreachable and ``local``, each replica allows a
+    # tenant max(1, its limit // replicas).
+    replicas: int = 1
+    on_redis_error: ClusterFallback = "local"
+    # A lease not renewed for this long is free: the longest a dead replica's leases stay counted.
+    lease_ttl_s: float = 5.0
+    # Longest wait for one Redis answer (connect or reply), so a dead or hung Redis never hangs a request.
+    socket_timeout_s: float = 1.0
+
+
 @dataclass(frozen=True)
 class TenantSettings:
     name: str
@@ -182,3 +200,5 @@ class ProxySettings:
     ui: bool = True
     # Keys made at run time, the usage ledger and budget windows (``proxy.accounts``); None: no store.
     store: StoreSettings | None = None
+    # Tenant concurrency shared across replicas through Redis (``proxy.cluster``); None: per replica.
+    cluster: ClusterSettings | None = None

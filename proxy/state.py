@@ -6,7 +6,9 @@ connections per child), the model router (always set, at least one lane: ``proxy
 of requests being handled (for the drain), the generation requests queued or running (``inflight``,
 listed and cancelled by an operator: ``proxy.admission.inflight``), the listener's state (``door``, for
 /readyz) and, with a store, the accounts (``accounts``: keys made at run time, budgets, the usage
-ledger; ``proxy.accounts``).
+ledger; ``proxy.accounts``), and
+with ``cluster.redis_url`` the limiter that shares tenants' concurrency with the other replicas
+(``cluster``: ``proxy.cluster``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -27,6 +29,8 @@ from proxy.admission.inflight import InFlight
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
+from proxy.cluster.budgets import SharedBudgets
+from proxy.cluster.limiter import ClusterLimiter
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.models.lane import ModelEntry
@@ -75,6 +79,13 @@ class ProxyState:
         # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
         # budgets kept in memory, else nothing (``proxy.routes.charge``).
         self.book: Accounts | MemoryBudgets | None = accounts
+        # Tenant concurrency shared with the other replicas (``proxy.cluster``); None: this replica alone.
+        # Not reloadable: the connection is made once.
+        self.cluster = ClusterLimiter(settings.cluster) if settings.cluster is not None else None
+        # The budget windows in the same Redis; a hold lives at most a request's longest life.
+        self.shared_budgets = (
+            SharedBudgets(self.cluster, settings.timeouts.total_s) if self.cluster is not None else None
+        )
         self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
 
@@ -124,6 +135,8 @@ class ProxyState:
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        if self.cluster is not None:
+            await self.cluster.aclose()
 
     # --- request-facing ----------------------------------------------------------------------------------
     def track_active(self, delta: int) -> None:

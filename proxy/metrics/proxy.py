@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from proxy.accounts.ledger import LedgerStats
 from proxy.admission.gate import Admission
+from proxy.cluster.limiter import MODES, ClusterLimiter
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -95,6 +96,37 @@ class AdmissionCollector(Collector):
         yield capacity
         yield lingering
         yield from by_priority
+
+
+class ClusterCollector(Collector):
+    """The shared limits' mode (``proxy.cluster``): one series per mode, 1 for the one in force (``off``:
+    no ``cluster.redis_url``), the leases this replica holds, and Redis calls that failed."""
+
+    def __init__(self, limiter: Callable[[], ClusterLimiter | None]) -> None:
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        limiter = self._limiter()
+        current = "off" if limiter is None else limiter.mode
+        mode = GaugeMetricFamily(
+            "llamagate_cluster_mode",
+            "Which tenant limits are in force: cluster (shared in Redis), local or refuse (Redis down), "
+            "off (no cluster.redis_url); 1 for the mode in force",
+            labels=["mode"],
+        )
+        for name in ("off", *MODES):
+            mode.add_metric([name], 1.0 if name == current else 0.0)
+        yield mode
+        yield GaugeMetricFamily(
+            "llamagate_cluster_leases",
+            "Slots this replica's requests hold as shared leases (in Redis, or under the local fallback)",
+            value=0 if limiter is None else limiter.held,
+        )
+        yield CounterMetricFamily(
+            "llamagate_cluster_redis_errors",
+            "Redis calls of the shared limits that failed (refused, reset or timed out)",
+            value=0 if limiter is None else limiter.redis_errors,
+        )
 
 
 class UsageTokens(Collector):

@@ -8,6 +8,9 @@ every step does nothing) and calls it at two points, each a line in ``proxy.rout
   with the 429 of the spent budget (``Retry-After``: when the window has room). Its reserve is an upper
   bound of what it can use: every sequence at most fills its slot's context (llama-server stops a
   sequence there: context shift is off), so a budget smaller than that runs one such request at a time;
+- with ``cluster.redis_url``, ``await admit_shared()``, called by the cluster limiter before it waits
+  for a lease: the same budgets as the replicas count them together in Redis (``proxy.cluster.budgets``;
+  charged the same usage at the end, off the request's path);
 - ``relay`` is set to the request's ``Relay`` (built with ``tap(...)``, which reads the usage a whole
   or assembled answer reports; a stream's is in its meter's report chunks: ``proxy.streams.usage``);
   after a replay, the last attempt's relay, whose tap and meter
@@ -36,6 +39,7 @@ from proxy.accounts.service import Accounts, MemoryBudgets
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientGone
 from proxy.auth import Principal
+from proxy.cluster.budgets import SharedBudgets, SharedTicket
 from proxy.errors import ProxyError
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.state import ProxyState
@@ -52,6 +56,9 @@ class Charge:
         "_kind",
         "_metrics",
         "_model",
+        "_reserve",
+        "_shared",
+        "_shared_ticket",
         "_ticket",
         "relay",
         "who",
@@ -65,8 +72,12 @@ class Charge:
         who: Principal,
         model: str,
         kind: str,
+        shared: SharedBudgets | None = None,
     ) -> None:
         self._accounts = accounts
+        self._shared = shared
+        self._shared_ticket: SharedTicket | None = None
+        self._reserve: int | None = None
         self._metrics = metrics
         self._ctx = ctx
         self.who = who
@@ -84,6 +95,7 @@ class Charge:
         """Ask the budgets; raise the 429 of a spent one (with the rate-limit headers)."""
         who = self.who
         reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
+        self._reserve = reserve
         now = time.time()
         got = self._accounts.admit(
             who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
@@ -95,6 +107,25 @@ class Charge:
             raise got.error()
         self._ticket = got
         self._ctx.extra_headers = got.headers  # every answer to it carries them, errors too
+
+    async def admit_shared(self) -> None:
+        """With ``cluster.redis_url``: the same budgets as the replicas count them together in Redis
+        (``proxy.cluster.budgets``), asked by the cluster limiter before it waits for a lease (so still
+        before any slot or queue); raise the 429 of a spent one and give this replica's hold back."""
+        ticket = self._ticket
+        if self._shared is None or ticket is None:
+            return
+        who = self.who
+        tenant_budgets = self._accounts.budgets.tenants.get(who.tenant)
+        got = await self._shared.check(
+            who.tenant, tenant_budgets, who.key_id, self._key_budgets, self._reserve
+        )
+        if isinstance(got, SharedTicket):
+            self._shared_ticket = got
+        elif isinstance(got, Refusal):
+            self._ticket = None
+            self._accounts.budgets.release(ticket, time.time())
+            raise got.error()
 
     def tap(self, fmt: StreamFormat) -> UsageTap:
         return UsageTap(fmt.usage)
@@ -109,6 +140,7 @@ class Charge:
             return  # refused by the budgets, or before them: nothing held
         if relay is None or not relay.exchange.sent:
             self._accounts.budgets.release(ticket, now)
+            self._charge_shared(0)
             return
         meter = relay.meter
         usage = relay.usage.result(meter.reports if meter is not None else ()) if relay.usage else None
@@ -132,7 +164,13 @@ class Charge:
             ctx.request_id,
         )
         self._accounts.finish(ticket, record)
+        self._charge_shared(prompt + completion)
         self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)
+
+    def _charge_shared(self, tokens: int) -> None:
+        if self._shared is not None and self._shared_ticket is not None:
+            ticket, self._shared_ticket = self._shared_ticket, None
+            self._shared.charge(ticket, tokens)
 
 
 def _status(ctx: RequestContext, exc: BaseException | None) -> int:
@@ -162,6 +200,9 @@ class _NoCharge:
     def admit(self, sequences: int, ctx_per_slot: int) -> None:
         return None
 
+    async def admit_shared(self) -> None:
+        return None
+
     def tap(self, fmt: StreamFormat) -> None:
         return None
 
@@ -184,4 +225,4 @@ def open_charge(
     The tenant's budgets are the accounts' own (``Accounts.reconfigure``), found by its name."""
     if state.book is None:
         return NO_CHARGE
-    return Charge(state.book, state.metrics, ctx, who, model, kind)
+    return Charge(state.book, state.metrics, ctx, who, model, kind, state.shared_budgets)

@@ -8,10 +8,12 @@ the request's own priority and queue wait (headers, ``proxy.admission.asks``: a 
 read), the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
 it also says how many slots the request occupies), the token and request budgets of a store
 (``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
-slot is taken), then admission of that many slots on the lane's gate (and the tenant's total at the
-door), then the child. Every step that can wait (queue, first token, the stream) runs under the client
-watch, so a client that leaves releases what it held at once (not the on-demand load wait: the load is
-shared with other requests and goes on; a client that left during it is noticed at admission).
+slot is taken), with ``cluster.redis_url`` the budgets and leases shared with the other replicas
+(``proxy.cluster``: before the local gate, so no slot is held while a lease is awaited), then admission
+of that many slots on the lane's gate (and the tenant's total at the door), then the child. Every step
+that can wait (queue, first token, the stream) runs under the client watch, so a client that leaves
+releases what it held at once (not the on-demand load wait: the load is shared with other requests and
+goes on; a client that left during it is noticed at admission).
 
 From the client watch on, the request is listed in the door's registry (``proxy.admission.inflight``:
 ``GET /admin/requests``), queued until its permit, then running; an operator's cancel comes through the
@@ -186,9 +188,19 @@ class Inference:
                     # Re-read: the child may have restarted while the body was on its way.
                     await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
                 with state.totals.hold(tenant, cost.slots):
-                    await self._attempts(
-                        lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge, entry, asks
+                    # Leases shared with the other replicas (``proxy.cluster``), before the lane's own gate.
+                    lease = (
+                        None
+                        if state.cluster is None
+                        else await state.cluster.acquire(ctx, lane.name, tenant, cost.slots, charge)
                     )
+                    try:
+                        await self._attempts(
+                            lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge, entry, asks
+                        )
+                    finally:
+                        if lease is not None:
+                            lease.release()
             finally:
                 inflight.remove(entry)
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from proxy.settings import (
     BudgetSettings,
+    ClusterSettings,
     CorsSettings,
     DoorSettings,
     KeyEntry,
@@ -15,7 +16,7 @@ from proxy.settings import (
     TenantSettings,
     Timeouts,
 )
-from supervisor.config.schema import Config, StoreConfig
+from supervisor.config.schema import ClusterConfig, Config, StoreConfig
 from supervisor.paths import default_store_path
 
 
@@ -27,6 +28,18 @@ def store_settings(store: StoreConfig | None) -> StoreSettings | None:
         usage_retention_days=store.usage_retention_days,
         rollup_retention_days=store.rollup_retention_days,
         url=store.url,
+    )
+
+
+def cluster_settings(cluster: ClusterConfig | None) -> ClusterSettings | None:
+    if cluster is None:
+        return None
+    return ClusterSettings(
+        redis_url=cluster.redis_url,
+        replicas=cluster.replicas,
+        on_redis_error=cluster.on_redis_error,
+        lease_ttl_s=cluster.lease_ttl_s,
+        socket_timeout_s=cluster.socket_timeout_s,
     )
 
 
@@ -96,4 +109,5 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         count_burst=p.counting.burst,
         ui=p.ui,
         store=store_settings(cfg.store),
+        cluster=cluster_settings(cfg.cluster),
     )

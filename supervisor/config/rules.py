@@ -17,6 +17,7 @@ def cross_check(cfg: Config) -> list[str]:
         *_tenants_and_keys(cfg),
         *_proxy(cfg),
         *_store(cfg),
+        *_cluster(cfg),
     ]
 
 
@@ -124,3 +125,10 @@ def _proxy(cfg: Config) -> list[str]:
     if ml is not None and not ml.allow:
         out.append("proxy.metrics_listener.allow: must name at least one peer (an address or a CIDR)")
     return out
+
+
+def _cluster(cfg: Config) -> list[str]:
+    """``cluster:`` without the Redis it is about would silently be per-replica limits."""
+    if cfg.cluster is not None and not cfg.cluster.redis_url:
+        return ["cluster.redis_url: required (redis://host:port/db) when cluster is set; or remove cluster"]
+    return []

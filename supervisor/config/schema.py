@@ -361,6 +361,31 @@ class StoreConfig:
     rollup_retention_days: int = setting(400, "days an hourly usage sum is kept", at_least(1))
 
 
+ClusterFallback = Literal["local", "refuse"]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    redis_url: str = setting(
+        "",
+        "redis://[user:password@]host:port/db (rediss:// for TLS, unix:///path.sock): where the replicas"
+        " keep their tenants' leases",
+        matches(r"(rediss?://|unix://)\S+", "a redis://, rediss:// or unix:// URL"),
+    )
+    replicas: int = setting(
+        1,
+        "replicas sharing the limits: with Redis down and local, each allows limit // replicas",
+        at_least(1),
+    )
+    on_redis_error: ClusterFallback = setting(
+        "local", "local: per-replica limits while Redis is unreachable; refuse: 503 with Retry-After"
+    )
+    lease_ttl_s: float = setting(
+        5.0, "a lease not renewed this long is free (a dead replica's leases free within it)", at_least(1)
+    )
+    socket_timeout_s: float = setting(1.0, "longest wait for one Redis connect or answer", positive)
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     format: LogFormat = setting("text", "text or json (JSON lines); --log-format on the command line wins")
@@ -388,4 +413,7 @@ class Config:
     store: StoreConfig | None = setting(
         None,
         "keys made at run time, the usage ledger, budget windows (SQLite or PostgreSQL); null = no store",
+    )
+    cluster: ClusterConfig | None = setting(
+        None, "tenant concurrency shared by replicas through Redis; null = each replica its own"
     )

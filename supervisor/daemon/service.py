@@ -544,8 +544,8 @@ def _entry(served: ServedModel) -> tuple[object, ...]:
 
 
 def _keep_fixed(old: Config, new: Config) -> Config:
-    """``new`` with what a reload cannot change (the listeners, logging, the store) as it is now, and a
-    warning."""
+    """``new`` with what a reload cannot change (the listeners, logging, the store, the cluster) as it is
+    now, and a warning."""
     fixed = []
     if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
         new.proxy.host,
@@ -557,12 +557,15 @@ def _keep_fixed(old: Config, new: Config) -> Config:
         fixed.append("logging.format/level")
     if old.store != new.store:
         fixed.append("store")
+    if old.cluster != new.cluster:
+        fixed.append("cluster")  # the Redis connection is made once (``proxy.cluster``)
     if not fixed:
         return new
     log.warning(f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones")
     return replace(
         new,
         store=old.store,
+        cluster=old.cluster,
         proxy=replace(
             new.proxy, host=old.proxy.host, port=old.proxy.port, metrics_listener=old.proxy.metrics_listener
         ),

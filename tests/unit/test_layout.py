@@ -32,8 +32,9 @@ PROXY: tuple[frozenset[str], ...] = (
     frozenset({"listener", "middleware", "routes"}),  # before the app; around every request; each path
     frozenset({"state"}),  # the door's state: settings, keys, tenants, totals, the router
     frozenset({"models", "metrics"}),  # which child answers; the series
-    # slots; the answer's way back; talking to the child; tenants' keys, ledger and budgets (the store)
-    frozenset({"admission", "streams", "upstream", "accounts"}),
+    # slots; the answer's way back; talking to the child; tenants' keys, ledger and budgets (the store);
+    # limits shared with the other replicas (Redis)
+    frozenset({"admission", "streams", "upstream", "accounts", "cluster"}),
     frozenset({"proxy", "asgi", "auth", "errors", "settings", "source"}),  # helpers and the daemon's contract
 )
 LAYERS = {"supervisor": SUPERVISOR, "proxy": PROXY}

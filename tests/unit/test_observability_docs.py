@@ -90,10 +90,13 @@ def test_every_documented_label_set_is_the_exported_one() -> None:
         if exported_sets.get(name) != labels
     }
     assert not wrong, f"documented labels (left) differ from the exported ones (right): {wrong}"
-    # Every series carries the served model, but the host's own memory figures and the usage ledger's
-    # queue (one store for the whole daemon).
+    # Every series carries the served model, but the host's own memory figures, the usage ledger's
+    # queue (one store for the whole daemon) and the shared limits' mode (one limiter for the daemon).
     unlabelled = sorted(name for name, labels in exported_sets.items() if "model" not in labels)
     assert [n for n in unlabelled if n.startswith(("llamagate_", "llamacpp_"))] == [
+        "llamagate_cluster_leases",
+        "llamagate_cluster_mode",
+        "llamagate_cluster_redis_errors_total",
         "llamagate_host_memory_available_bytes",
         "llamagate_ledger_dropped_records_total",
         "llamagate_ledger_pending_records",

@@ -21,7 +21,7 @@ REQUIRED_TESTED_ALERTS = {"LlamagateCrashLoop", "LlamagateChildNotReady", "Llama
 def test_promtool_check_rules() -> None:
     result = promtool.run("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 @pytest.mark.needs_tool("promtool")

@@ -264,3 +264,13 @@ async def test_what_a_reload_cannot_change_is_kept_with_a_warning_and_the_rest_a
         None,
     )
     assert h.max_queue() == 1 and h.sup.last_reload == "applied" and h.sup.machine.generation == 1
+
+
+async def test_a_reload_keeps_the_cluster_settings_with_a_warning(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h.path.write_text(f"cluster: {{redis_url: 'redis://127.0.0.1:9/0'}}\ntenants:\n{NEW_TENANT}")
+    await h.daemon.reload()
+    assert "SIGHUP: cluster take effect at the next daemon start; keeping the current ones" in caplog.text
+    assert h.daemon.cfg.cluster is None
+    assert h.max_queue() == 1 and h.sup.last_reload == "applied"
