@@ -8,8 +8,8 @@ with ``llamagate keys new --models``) narrows that for the one key: a model outs
 says whose limit it is. A tenant's other limits apply per lane, and ``max_concurrency_total`` across
 them (``proxy.admission.totals``, kept at the door).
 
-A lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that finds it
-unloaded; the wait happens before admission and counts toward the request's time to first token.
+An ``on_demand`` lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that
+finds it unloaded; the wait happens before admission and counts toward the request's time to first token.
 The daemon reads a lane's ``busy`` and ``last_used`` to unload an idle model, never one that holds or
 awaits a slot, and drains a lane (``Lane.drain``) before it stops the model.
 """
@@ -128,6 +128,8 @@ class ModelRouter:
         """Wait until an on_demand lane's model is loaded (at once for the others). A client that leaves
         meanwhile ends its wait (``ClientGone``); the load itself goes on for whoever asks next. The body
         must have been read (``ClientWatch``)."""
+        if not lane.on_demand:
+            return  # on the path of every request: no protocol check (slow in ``typing``), no watch task
         source = lane.entry.source
         if isinstance(source, LoadsOnDemand):
             async with ClientWatch(receive):
