@@ -78,7 +78,6 @@ class ModelRouter:
         """The lane a request's ``model`` names (its name or an alias; none at all when one model is
         served); 404 listing what is served. ``tenant`` None (an admin-only key's tenant may be
         unconfigured): no ``models`` limit. ``key_models``: the calling key's own limit (() = none)."""
-        served = ", ".join(f"'{n}'" for n in self.lanes)
         if model is None:
             only = self.only()
             if only is not None:
@@ -86,7 +85,7 @@ class ModelRouter:
             elif not self.lanes and len(set(self.restarting.values())) == 1:
                 model = next(iter(self.restarting))  # the one model is restarting: its 503 below
             else:
-                raise BadRequest(f"'model' is required: this server serves {served}")
+                raise BadRequest(f"'model' is required: this server serves {self._served()}")
         lane = None
         if isinstance(model, str):
             lane = self.lanes.get(model) or next(
@@ -98,7 +97,7 @@ class ModelRouter:
             )
         if lane is None:
             shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
-            raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {served}")
+            raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {self._served()}")
         if tenant is not None and tenant.models and lane.name not in tenant.models:
             raise Forbidden(f"tenant '{tenant.name}' may not use the model '{lane.name}'")
         if key_models and lane.name not in key_models:
@@ -107,6 +106,10 @@ class ModelRouter:
                 + ", ".join(f"'{m}'" for m in key_models)
             )
         return lane
+
+    def _served(self) -> str:
+        """For a refusal's message only (not built for every request)."""
+        return ", ".join(f"'{n}'" for n in self.lanes)
 
     def default(self, tenant: TenantSettings | None, key_models: Sequence[str] = ()) -> Lane:
         """The lane of a passthrough request that names no model: the first ``always`` model the
