@@ -15,7 +15,7 @@ counters and the model router.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -84,10 +84,11 @@ class _Dispatch:
                 return found
         return None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine of its own: the caller awaits the endpoint's (one frame fewer to resume at
+        # every chunk of a stream); an unknown path or method raises in the caller's ``try``.
         if scope["type"] != "http":
-            await self._fallback(scope, receive, send)  # lifespan
-            return
+            return self._fallback(scope, receive, send)  # lifespan
         entry = self._match(scope)
         if entry is None:
             raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
@@ -99,7 +100,7 @@ class _Dispatch:
             raise MethodNotAllowed(
                 f"method {scope['method']} is not allowed on {scope['path']}", headers={"allow": allow}
             )
-        await endpoint(scope, receive, send)
+        return endpoint(scope, receive, send)
 
 
 class ProxyApp(Starlette):

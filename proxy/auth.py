@@ -78,6 +78,8 @@ class KeyTable:
 
     def __init__(self, keys: Iterable[KeyEntry], anonymous_tenant: str | None = None) -> None:
         self._by_id: dict[str, KeyEntry] = {k.key_id: k for k in keys}
+        # Made once per key, not per request (a frozen dataclass is slow to build).
+        self._principals = {k.key_id: Principal(k.tenant, k.key_id, k.scopes) for k in self._by_id.values()}
         self._anonymous = (
             Principal(anonymous_tenant, "anonymous", frozenset({"inference"})) if anonymous_tenant else None
         )
@@ -114,7 +116,7 @@ class KeyTable:
         expected = entry.digest if entry is not None else "sha256:" + "0" * 64
         if not hmac.compare_digest(key_digest(token), expected) or entry is None:
             raise Unauthorized(_UNKNOWN)
-        return Principal(entry.tenant, entry.key_id, entry.scopes)
+        return self._principals[entry.key_id]
 
 
 # The caller of a route open to everyone ("none"): not authenticated, no scope, no tenant.

@@ -131,6 +131,7 @@ _HEADER_NAMES = {
 
 _HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
 _DURATION_BYTES: dict[int, bytes] = {}
+_LIMIT_BYTES: dict[int, bytes] = {}
 
 
 def _duration(seconds: float) -> bytes:
@@ -409,8 +410,13 @@ def _lines(picks: dict[str, tuple[int, int, Window]], now: float) -> tuple[tuple
     out: list[tuple[bytes, bytes]] = []
     for kind, (remaining, limit, window) in picks.items():
         names = _HEADER_LINES[kind]
+        limit_text = _LIMIT_BYTES.get(limit)
+        if limit_text is None:  # a handful of limits, each formatted once (not at every answer)
+            if len(_LIMIT_BYTES) >= 10_000:
+                _LIMIT_BYTES.clear()
+            limit_text = _LIMIT_BYTES[limit] = b"%d" % limit
         out += (
-            (names[0], b"%d" % limit),
+            (names[0], limit_text),
             (names[1], b"%d" % max(0, remaining)),
             (names[2], _duration(window.reset_in(now))),
         )

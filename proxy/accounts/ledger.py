@@ -56,7 +56,8 @@ class Ledger:
             else:
                 self._fresh.append(record)
                 first = False
-                if len(self._fresh) >= self.batch_size:
+                if len(self._fresh) >= self.batch_size and not self.batch_ready.is_set():
+                    # Once: until the writer takes the batch, every charge would take the event's lock.
                     self.batch_ready.set()
         if first:
             log.error(

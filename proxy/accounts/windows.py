@@ -25,7 +25,10 @@ class Window:
     def __init__(self, span: float, width: float = 0.0) -> None:
         self.span = span
         self.width = width
-        self._entries: deque[list[float]] = deque()  # [time or bucket start, amount], oldest first
+        # (time or bucket start, amount), oldest first. Tuples, not lists: a width-0 window holds one per
+        # request for a whole span, and the garbage collector stops tracking a tuple of numbers, where it
+        # would walk every list of them at each full collection.
+        self._entries: deque[tuple[float, float]] = deque()
         self._groups: dict[float, list[float]] = {}  # group -> [newest entry's key, amount], oldest first
         self._total = 0
         # Nothing expires before this: most calls (several per request) return at this one comparison.
@@ -81,11 +84,10 @@ class Window:
         if entries and entries[-1][0] >= key:
             # Same key, or the wall clock stepped back: add to the newest entry, which then counts at
             # least as long as a new one would (never shorter: the bound holds).
-            newest = entries[-1]
-            newest[1] += amount
-            key = newest[0]
+            key, held = entries[-1]
+            entries[-1] = (key, held + amount)
         else:
-            entries.append([key, amount])
+            entries.append((key, amount))
             if len(entries) == 1:
                 self._horizon = key + width + self.span
         self._total += amount
@@ -111,7 +113,7 @@ class Window:
         entries = self._entries
         if entries and entries[-1][0] >= key:
             return  # not after the last one: a duplicate (the store returns groups in order); ignore
-        entries.append([key, amount])
+        entries.append((key, amount))
         self._appended(key)
         self._groups[group] = [key, amount]
         self._total += amount

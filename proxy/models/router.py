@@ -8,8 +8,8 @@ with ``llamagate keys new --models``) narrows that for the one key: a model outs
 says whose limit it is. A tenant's other limits apply per lane, and ``max_concurrency_total`` across
 them (``proxy.admission.totals``, kept at the door).
 
-A lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that finds it
-unloaded; the wait happens before admission and counts toward the request's time to first token.
+An ``on_demand`` lane whose source can load on demand (``LoadsOnDemand``) is loaded by the request that
+finds it unloaded; the wait happens before admission and counts toward the request's time to first token.
 The daemon reads a lane's ``busy`` and ``last_used`` to unload an idle model, never one that holds or
 awaits a slot, and drains a lane (``Lane.drain``) before it stops the model.
 """
@@ -78,7 +78,6 @@ class ModelRouter:
         """The lane a request's ``model`` names (its name or an alias; none at all when one model is
         served); 404 listing what is served. ``tenant`` None (an admin-only key's tenant may be
         unconfigured): no ``models`` limit. ``key_models``: the calling key's own limit (() = none)."""
-        served = ", ".join(f"'{n}'" for n in self.lanes)
         if model is None:
             only = self.only()
             if only is not None:
@@ -86,7 +85,7 @@ class ModelRouter:
             elif not self.lanes and len(set(self.restarting.values())) == 1:
                 model = next(iter(self.restarting))  # the one model is restarting: its 503 below
             else:
-                raise BadRequest(f"'model' is required: this server serves {served}")
+                raise BadRequest(f"'model' is required: this server serves {self._served()}")
         lane = None
         if isinstance(model, str):
             lane = self.lanes.get(model) or next(
@@ -98,7 +97,7 @@ class ModelRouter:
             )
         if lane is None:
             shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
-            raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {served}")
+            raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {self._served()}")
         if tenant is not None and tenant.models and lane.name not in tenant.models:
             raise Forbidden(f"tenant '{tenant.name}' may not use the model '{lane.name}'")
         if key_models and lane.name not in key_models:
@@ -107,6 +106,10 @@ class ModelRouter:
                 + ", ".join(f"'{m}'" for m in key_models)
             )
         return lane
+
+    def _served(self) -> str:
+        """For a refusal's message only (not built for every request)."""
+        return ", ".join(f"'{n}'" for n in self.lanes)
 
     def default(self, tenant: TenantSettings | None, key_models: Sequence[str] = ()) -> Lane:
         """The lane of a passthrough request that names no model: the first ``always`` model the
@@ -128,6 +131,8 @@ class ModelRouter:
         """Wait until an on_demand lane's model is loaded (at once for the others). A client that leaves
         meanwhile ends its wait (``ClientGone``); the load itself goes on for whoever asks next. The body
         must have been read (``ClientWatch``)."""
+        if not lane.on_demand:
+            return  # on the path of every request: no protocol check (slow in ``typing``), no watch task
         source = lane.entry.source
         if isinstance(source, LoadsOnDemand):
             async with ClientWatch(receive):

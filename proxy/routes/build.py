@@ -9,6 +9,7 @@ their refusals are in Anthropic's shape.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 from starlette.routing import Route
@@ -34,7 +35,7 @@ class Endpoint(Protocol):
     """What serves one row, once its access is checked: ``who`` is the caller (``NOBODY`` on a route
     open to everyone)."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None: ...
+    def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> Awaitable[None]: ...
 
 
 class Guarded:
@@ -48,11 +49,13 @@ class Guarded:
         self.access: Access = spec.access
         self.endpoint = endpoint
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine of its own: the endpoint's is what the caller awaits, so a streamed answer's
+        # every chunk resumes one frame fewer (a refusal still raises in the caller's ``try``).
         ctx: RequestContext = scope[SCOPE_KEY]
         ctx.route = self.path  # the row's path: a bounded label, even when the caller is refused
         who = self.state.authorize(ctx, self.access)
-        await self.endpoint(scope, receive, send, who)
+        return self.endpoint(scope, receive, send, who)
 
 
 def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:

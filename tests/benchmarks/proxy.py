@@ -234,6 +234,12 @@ async def _measure_accounts(
     for stream in (False, True):
         for _, url, k in sides.values():  # warm both: imports, caches, the store's first pages
             await pc.throughput(url, pc.chat_request(url, k, 16, stream), args.concurrency, 1.0)
+    # The store side's answers carry the budgets' rate-limit headers (its tenant's budgets were checked
+    # and held), the other side's none: what is compared is budgets and ledger on against both off.
+    budgeted = {
+        name: "x-ratelimit-limit-tokens" in await pc.reply_headers(url, pc.chat_request(url, k, 16, False))
+        for name, (_, url, k) in sides.items()
+    }
     for i in range(args.rounds):
         order = ("off", "on") if i % 2 == 0 else ("on", "off")
         row: dict[str, Any] = {"round": i + 1, "first": order[0]}
@@ -252,6 +258,7 @@ async def _measure_accounts(
         rounds.append(row)
         print(json.dumps(row), flush=True)
     out: dict[str, Any] = {"rounds": rounds, "concurrency": args.concurrency, "duration_s": args.duration}
+    out["rate_limit_headers"] = budgeted
     for kind in ("whole", "stream"):
         off_ms = statistics.median(r[f"{kind}_off_cpu_ms"] for r in rounds)
         on_ms = statistics.median(r[f"{kind}_on_cpu_ms"] for r in rounds)

@@ -58,6 +58,18 @@ async def latencies(url: str, raw: bytes, n: int) -> list[float]:
     return out
 
 
+async def reply_headers(url: str, raw: bytes) -> dict[str, str]:
+    """The headers of one answer (a 200 expected)."""
+    conn = await Connection.open(url)
+    try:
+        reply = await conn.send(raw)
+    finally:
+        await conn.close()
+    if reply.status != 200:
+        raise CheckFailed(f"{url}: status {reply.status}: {reply.body[:200]!r}")
+    return dict(reply.headers)
+
+
 async def throughput(url: str, raw: bytes, concurrency: int, duration_s: float) -> tuple[int, float, int]:
     """(completed requests, elapsed seconds, non-200 answers)."""
     stop_at = time.monotonic() + duration_s
