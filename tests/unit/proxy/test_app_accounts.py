@@ -437,6 +437,12 @@ async def test_a_database_gone_away_is_503_for_admin_changes_and_comes_back_with
 
     try:
         async with proxy_factory(accounts=accounts, tenants=configured) as p, p.client("admin") as admin:
+            # The key must be in the view's memory before the database goes: that is what is kept.
+            async with httpx.AsyncClient(base_url=p.url, timeout=30, headers=bearer(key)) as c:
+                deadline = time.monotonic() + 10
+                while (await c.post("/v1/chat/completions", json=CHAT)).status_code != 200:
+                    assert time.monotonic() < deadline, "the store key never came into force"
+                    await asyncio.sleep(0.05)
             await asyncio.to_thread(database, False)
             refused = await admin.post("/admin/keys", json={"tenant": "team"})
             assert refused.status_code == 503, refused.text
