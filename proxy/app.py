@@ -15,6 +15,7 @@ counters and the model router.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -40,6 +41,7 @@ from proxy.metrics.proxy import (
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
+from proxy.routes.admin import sample_history
 from proxy.routes.build import routes as table_routes
 from proxy.routes.table import ROUTES, served_paths
 from proxy.routes.ui import ui_routes
@@ -170,15 +172,18 @@ def create_app(
             ctx.tokens,
         )
         if ctx.model is not None and ctx.route in _GENERATION:
-            metrics.observe_answered(ctx.model, ctx.tokens)
+            metrics.observe_answered(ctx.model, ctx.tokens, ctx.ttft_s, ctx.tpot_s)
         if state.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
             write_access_log(ctx, duration_s, method)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sampler = asyncio.create_task(sample_history(state), name="history-sampler")
         try:
             yield
         finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
             await state.aclose()
 
     def wrap(inner: ASGIApp) -> ASGIApp:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from proxy.accounts.ledger import LedgerStats
 from proxy.admission.gate import Admission
 from proxy.cluster.limiter import MODES, ClusterLimiter
+from proxy.metrics.history import History
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -212,6 +213,8 @@ class ProxyMetrics:
         # start: the status page's traffic charts turn them into rates (``/admin/load``'s ``answered``).
         # Plain ints for the same reason as ``usage``.
         self.answered: dict[str, list[int]] = {}
+        # The last 15 minutes per model, in buckets (``GET /admin/history``, the page's charts).
+        self.history = History()
         self.ttft = Histogram(
             "llamagate_time_to_first_token_seconds",
             "Arrival to first generated token, queue wait included, by tenant and model",
@@ -291,13 +294,17 @@ class ProxyMetrics:
         if tokens:
             self._child(self.output_tokens, tenant, model).inc(tokens)
 
-    def observe_answered(self, model: str, tokens: int) -> None:
-        """One generation request of ``model`` answered (whatever its status), with its output tokens."""
+    def observe_answered(
+        self, model: str, tokens: int, ttft_s: float | None = None, tpot_s: float | None = None
+    ) -> None:
+        """One generation request of ``model`` answered (whatever its status), with its output tokens
+        and its times (for the history)."""
         sums = self.answered.get(model)
         if sums is None:
             sums = self.answered[model] = [0, 0]
         sums[0] += 1
         sums[1] += tokens
+        self.history.observe(model, tokens, ttft_s, tpot_s)
 
     def observe_replay(self, model: str, reason: str) -> None:
         self._child(self.replays, model, reason).inc()

@@ -1,4 +1,5 @@
-"""The admin routes answered by the proxy itself: ``/metrics``, ``/admin/identity`` and ``/admin/load``.
+"""The admin routes answered by the proxy itself: ``/metrics``, ``/admin/identity``, ``/admin/load`` and
+``/admin/history``.
 
 ``GET /admin/load``: the admission gate's figures right now, per tenant, as JSON.
 
@@ -14,9 +15,14 @@ tenant's sums over the models beside its limits (``max_concurrency`` and ``max_q
 ``priorities``, at the top and per model: per priority level (highest first; the request's own level,
 as ``X-LlamaGate-Priority`` may have lowered it, not its aged one), the slots its requests hold and
 the requests waiting (``proxy.admission.gate``, ``priority_loads``).
+
+``GET /admin/history``: the last 15 minutes per served model, in 10 s buckets (``proxy.metrics.history``);
+each read first samples the gates, so the newest bucket's ``queued`` and ``running`` include now.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.types import Receive, Scope, Send
 
@@ -51,6 +57,33 @@ class AdminLoad:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         await send_json(send, 200, load_report(self.state))
+
+
+class AdminHistory:
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        sample_gates(self.state)
+        lanes = self.state.router.lanes
+        await send_json(send, 200, self.state.metrics.history.report(list(lanes)))
+
+
+# How often the gates' queued and running are sampled into the history: the buckets keep the highest.
+SAMPLE_EVERY_S = 1.0
+
+
+def sample_gates(state: ProxyState) -> None:
+    gates = {name: lane.admission for name, lane in state.router.lanes.items()}
+    state.metrics.history.sample({name: (adm.in_flight, adm.queued) for name, adm in gates.items()})
+
+
+async def sample_history(state: ProxyState) -> None:
+    """The app's timer (its lifespan runs it): a few attribute reads per model a second, off the request
+    path."""
+    while True:
+        sample_gates(state)
+        await asyncio.sleep(SAMPLE_EVERY_S)
 
 
 def load_report(state: ProxyState) -> dict[str, object]:

@@ -19,7 +19,7 @@ from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.auth import Access, Principal
 from proxy.errors import NotFound
 from proxy.middleware.anthropic import AnthropicRoute
-from proxy.routes.admin import AdminLoad, Identity, Metrics
+from proxy.routes.admin import AdminHistory, AdminLoad, Identity, Metrics
 from proxy.routes.inference import Inference
 from proxy.routes.model_control import AdminModels, LoadModel, UnloadModel
 from proxy.routes.models import ModelsRoute
@@ -80,6 +80,8 @@ def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
         return Identity(state)
     if kind == "load":
         return AdminLoad(state)
+    if kind == "history":
+        return AdminHistory(state)
     if kind == "admin_models":
         return AdminModels(state)
     if kind == "model_load":

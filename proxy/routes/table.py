@@ -19,7 +19,8 @@ row is served (``proxy.routes.build`` maps kinds to endpoints):
   a per-tenant rate instead (``proxy.admission.count_rate``);
 - ``models``, ``props`` (fields that reveal the machine only for admin keys), ``health`` (llama-server's
   ``/health`` answered from readiness), ``liveness``, ``readiness``, ``metrics``, ``identity``,
-  ``load`` (the admission gate per tenant, for the page), ``slots``, ``admin_models`` (every model's
+  ``load`` (the admission gate per tenant, for the page), ``history`` (the last 15 minutes per model, for
+  the page's charts), ``slots``, ``admin_models`` (every model's
   state and memory share), ``model_load`` / ``model_unload`` (an operator loads or unloads one model),
   ``requests`` (every generation request queued or running) and ``request`` (one of them by id:
   cancel);
@@ -63,6 +64,7 @@ Kind = Literal[
     "metrics",
     "identity",
     "load",
+    "history",
     "slots",
     "admin_models",
     "model_load",
@@ -163,6 +165,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/metrics", _G, "metrics", "admin"),
     RouteSpec("/admin/identity", _G, "identity", "admin"),
     RouteSpec("/admin/load", _G, "load", "admin"),
+    RouteSpec("/admin/history", _G, "history", "admin"),
     RouteSpec("/slots", _G, "slots", "admin"),
     RouteSpec("/admin/models", _G, "admin_models", "admin"),
     RouteSpec("/admin/models/{name}/load", _P, "model_load", "admin"),

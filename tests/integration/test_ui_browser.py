@@ -817,11 +817,30 @@ def test_load_progress_buttons_refusals_and_requests_with_a_fake_several_model_p
 CHART_BASE = 118.0
 
 
-def chart_values(page: Page, path_id: str) -> list[float]:
-    """The heights above 0 of a chart line's points, read from its SVG path (empty: nothing drawn)."""
-    d = str(page.el(path_id).get_attribute("d") or "")
+def chart_values(page: Page, chart_id: str, model: str, series: str) -> list[float]:
+    """The heights above 0 of one model's line in a chart, read from its SVG path (empty: nothing drawn)."""
+    script = (
+        "const p = [...document.querySelectorAll(`#${arguments[0]} path[data-model]`)]"
+        ".find(e => e.dataset.model === arguments[1] && e.dataset.series === arguments[2]);"
+        "return p ? p.getAttribute('d') : '';"
+    )
+    d = str(page.driver.execute_script(script, chart_id, model, series) or "")
     ys = [float(y) for y in re.findall(r"[ML][\d.]+ ([\d.]+)", d)]
     return [round(CHART_BASE - y, 1) for y in ys]
+
+
+def drawn(page: Page, chart_id: str, series: str, model: str = "chat") -> bool:
+    return max(chart_values(page, chart_id, model, series), default=0) > 0
+
+
+# Every chart's lines of the history (charts.js): chart, series.
+HISTORY_LINES = (
+    ("ch-tps", "tokens"),
+    ("ch-rps", "requests"),
+    ("ch-ttft", "p50"),
+    ("ch-ttft", "p95"),
+    ("ch-tpot", "tpot"),
+)
 
 
 def chat_traffic(d: Daemon, stop: threading.Event, errors: list[BaseException]) -> None:
@@ -852,7 +871,9 @@ def test_unload_load_with_progress_and_charts_from_real_traffic_in_chromium(
     """Against the real two-model daemon: Unload then Load of the on_demand model from its buttons, the
     load bar seen rising to 100 % before the row says READY (from the real progress the daemon reads from
     the child), with an estimate (the preload was the first load of the file); then real chat traffic
-    and the three charts drawn from it; a screenshot of it all (docs/img/ui-status.png comes from it)."""
+    and the history's charts drawn from it (tokens and requests per second, TTFT p50/p95, TPOT, running and
+    queued), also in a page opened after the traffic; a screenshot of it all (docs/img/ui-status.png
+    comes from it)."""
     d = daemon_factory(
         {
             "llama": {"prompt_cache_mib": 0, "ctx_checkpoints": 0},
@@ -927,17 +948,17 @@ def test_unload_load_with_progress_and_charts_from_real_traffic_in_chromium(
     for t in clients:
         t.start()
     try:
-        page.wait(
-            lambda: max(chart_values(page, "ch-rps-line"), default=0) > 0, "requests per second drawn", 180
+        for chart, series in HISTORY_LINES:
+            page.wait(lambda c=chart, s=series: drawn(page, c, s), f"{chart} {series} drawn", 180)
+        page.wait(lambda: drawn(page, "ch-load", "running"), "running drawn", 120)
+        page.wait(lambda: drawn(page, "ch-load", "queued"), "queued drawn", 120)
+        legend = browser.execute_script(
+            "return [...document.querySelectorAll('#charts-legend .key')].map(e => e.textContent)"
         )
-        page.wait(
-            lambda: max(chart_values(page, "ch-tps-line"), default=0) > 0, "tokens per second drawn", 120
-        )
-        page.wait(lambda: max(chart_values(page, "ch-load-running"), default=0) > 0, "running drawn", 120)
-        page.wait(lambda: max(chart_values(page, "ch-load-queued"), default=0) > 0, "queued drawn", 120)
+        assert legend == ["chat", "embed"], legend
         page.wait(lambda: row("chat")[3] == "1 / 1", "the chat slot busy in its row", 60)
         # Half a minute of history for the picture (docs/img/ui-status.png), the whole page in view.
-        page.wait(lambda: int(page.el("ch-rps").get_attribute("data-points")) >= 10, "more history", 120)
+        page.wait(lambda: int(page.el("ch-ttft").get_attribute("data-points")) >= 4, "more history", 120)
         browser.set_window_size(1280, 1560)
         page.shot("status-traffic.png")
     finally:
@@ -945,7 +966,7 @@ def test_unload_load_with_progress_and_charts_from_real_traffic_in_chromium(
         for t in clients:
             t.join(180)
     assert errors == [] and not any(t.is_alive() for t in clients), errors
-    assert int(page.el("ch-rps").get_attribute("data-points")) >= 2
+    assert int(page.el("ch-tps").get_attribute("data-points")) >= 2
 
     # The page's only actions were the two clicks; nothing it did loaded a model by itself.
     assert page_actions(page, origin) == [
@@ -953,6 +974,22 @@ def test_unload_load_with_progress_and_charts_from_real_traffic_in_chromium(
         ("POST", "/admin/models/embed/load"),
     ]
     assert console_problems(page) == []
+
+    # A page opened after the traffic, in a new tab (no key, nothing sampled yet): it draws the same
+    # traffic from the proxy's history, with nothing running now.
+    browser.switch_to.new_window("tab")
+    later = Page(browser, d, screenshots)
+    browser.get(origin + "/ui/")
+    later.enter_key(d.admin_key)
+    later.wait(lambda: "admin scope" in later.text("key-status"), "the admin key in the new tab")
+    for chart, series in HISTORY_LINES:
+        later.wait(lambda c=chart, s=series: drawn(later, c, s), f"{chart} {series} drawn from the history")
+    assert drawn(later, "ch-load", "running")
+    admin = {"Authorization": f"Bearer {d.admin_key}"}
+    load = httpx.get(f"{origin}/admin/load", headers=admin, timeout=10, trust_env=False)
+    assert load.json()["in_flight"] == 0
+    later.shot("status-traffic-later.png")
+    assert console_problems(later) == []
 
 
 def test_cancel_a_running_request_from_the_page_against_the_real_daemon(

@@ -99,10 +99,3 @@ export function renderRequests(result) {
   note.hidden = list.length > 0;
   note.textContent = list.length ? "" : "No request is queued or running.";
 }
-
-// The tokens the running requests have generated so far (null when the list is unknown): the charts
-// add them to the finished requests' tokens, so a long stream counts while it runs, not at its end.
-export function liveTokens(result) {
-  if (!result || result.status !== "fulfilled") return null;
-  return (result.value.requests || []).reduce((sum, q) => sum + (Number(q.tokens) || 0), 0);
-}

@@ -1,7 +1,7 @@
 // The status view: /readyz (public) every round, and with an admin key /admin/identity, /admin/load,
 // /admin/usage (each tenant's tokens today, when the daemon has an accounts store), /admin/requests
-// (the requests table) and /slots. One round at a time (see poller.js); each request gives up after
-// api.js's timeout.
+// (the requests table), /admin/history (the charts) and /slots. One round at a time (see poller.js);
+// each request gives up after api.js's timeout.
 //
 // Several models (/readyz lists more than one): one row per model (models.js), its slots from
 // /admin/load's "models" and its state and load progress from /admin/models (admin) or /readyz's (else).
@@ -9,10 +9,10 @@
 // load a model (a GET never does; the only POSTs are the Load and Unload buttons', on a click).
 
 import { ApiError, getJson, getKey, request } from "./api.js";
-import { recordTraffic, showCharts } from "./charts.js";
+import { drawHistory, showCharts } from "./charts.js";
 import { bytes, clock, duration, setText, showMessage, stateClass } from "./format.js";
 import { nextSeq, progressText, renderModels } from "./models.js";
-import { liveTokens, renderRequests } from "./requests.js";
+import { renderRequests } from "./requests.js";
 
 // What the last round learned about the key: "none", "admin", "no-admin" or "refused".
 export const keyState = { scope: "none", message: "" };
@@ -144,14 +144,15 @@ async function readAdmin() {
     keyState.scope = "admin";
     keyState.message = "";
     const seq = nextSeq();
-    const [load, slots, usage, models, requests] = await Promise.allSettled([
+    const [load, slots, usage, models, requests, history] = await Promise.allSettled([
       getJson("/admin/load"),
       several ? Promise.resolve(null) : getJson("/slots"),
       getJson(usageToday()),
       several ? getJson("/admin/models") : Promise.resolve(null),
       getJson("/admin/requests"),
+      getJson("/admin/history"),
     ]);
-    return { identity, load, slots, usage, models, requests, seq };
+    return { identity, load, slots, usage, models, requests, history, seq };
   } catch (err) {
     if (!(err instanceof ApiError)) throw err;
     if (err.status === 401) {
@@ -201,7 +202,7 @@ export async function pollStatus() {
     // Without a store, /admin/usage answers 404: the tokens column stays hidden.
     if (load) renderTenants(load, a.usage.status === "fulfilled" ? a.usage.value : null);
     renderRequests(a.requests);
-    if (load) recordTraffic(load, liveTokens(a.requests));
+    drawHistory(a.history);
     if (several) {
       // Every model's permits together (each model's own row is in the models table).
       setText("st-slots", load ? `${load.in_flight} / ${load.slots} (every model)` : null);
