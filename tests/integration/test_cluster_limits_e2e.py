@@ -16,8 +16,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -34,15 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("redis-server")]
 MODEL = "gemma-3-270m"
 TTL_S = 3.0
 LEASES = "llamagate:{default}:lease:" + MODEL
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class Pair:

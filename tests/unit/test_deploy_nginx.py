@@ -127,3 +127,14 @@ def test_kubernetes_ingress_carries_the_same_retry_rule() -> None:
     assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
     assert notes["nginx.ingress.kubernetes.io/proxy-request-buffering"] == "on"
     assert int(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) > TimeoutsConfig().total_s
+
+
+def test_limits_verdict_needs_no_failure_and_the_shared_set_in_cluster_mode() -> None:
+    def row(mode: str, failed: int, modes: list[str]) -> dict[str, object]:
+        return {"mode": mode, "round": 1, "goodput_per_s": 1.0, "failed": failed, "cluster_mode": modes}
+
+    assert verdict([row("per-replica", 0, ["off", "off"]), row("shared", 0, ["cluster", "cluster"])])
+    assert not verdict([row("per-replica", 1, ["off", "off"]), row("shared", 0, ["cluster", "cluster"])])
+    # A shared set whose Redis failed (refuse) or that never had one (off) did not share its limits.
+    assert not verdict([row("per-replica", 0, ["off", "off"]), row("shared", 0, ["cluster", "refuse"])])
+    assert not verdict([row("per-replica", 0, ["off", "off"]), row("shared", 0, ["off", "off"])])

@@ -1,4 +1,5 @@
-"""``llamagate bench scaleout``: replicas behind real nginx, least-loaded with retries vs plain round robin.
+"""``llamagate bench scaleout``: replicas behind real nginx, least-loaded with retries vs plain round robin,
+or (``--compare limits``) tenant limits shared through Redis and PostgreSQL vs each replica's own.
 
 Starts ``--replicas`` private llamagate daemons (1 slot each, no queue: a busy replica refuses at once
 with 429), then, in alternating order for each round, puts a real nginx in front of them in two ways and
@@ -8,22 +9,40 @@ offers the same closed-loop load (by default twice the set's slots) for the same
                is tried on the next replica
   round-robin  the same file without least_conn and without the retry rule
 
+With ``--compare limits`` it starts two replica sets instead, both behind the shipped file (``balanced``),
+and alternates between them:
+
+  per-replica  each replica holds the tenant's limit (``max_concurrency: 1``) in its own memory, and its
+               own SQLite ledger: the set admits N at once only because there are N replicas
+  shared       the tenant's limit is N for the whole set, held as leases in a real redis-server
+               (``cluster.redis_url``), and the keys and the ledger are in a real PostgreSQL
+               (``store.url``): both started here and tied to this process like the replicas
+
+Same capacity either way, so the difference is what sharing costs: a lease round trip per request, its
+renewals, and the ledger's writes over the network.
+
 Clients are the benchmark's own closed-loop users: a refused user waits Retry-After (as the OpenAI SDK
 does) before its next request. It reports, per mode, goodput (requests within the latency gates) per
 second, completions, refusals seen by clients, latency distributions, and how often nginx passed a
 request on. Exit 0 when the balanced set's goodput per second is at least the round-robin set's in every
-round, 1 otherwise, 2 on bad usage.
+round (``--compare limits``: when no request failed in either set, each completing or refused with a
+status, and the shared set's replicas report ``llamagate_cluster_mode`` cluster), 1 otherwise, 2 on bad
+usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from supervisor.bench import options
 from supervisor.bench.client import Target
@@ -38,12 +57,25 @@ from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.nginx import MODES, SHIPPED_CONF, Mode, start_nginx
 from supervisor.bench.provenance import collect
 from supervisor.bench.runner import RunSpec, run
+from supervisor.bench.shared_state import shared_state
 from supervisor.child.spawn import free_port
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress
 
 SCHEMA = "llamagate.bench.scaleout/1"
+LIMIT_VARIANTS = ("per-replica", "shared")
+# The nginx file each variant runs: the limit variants both run the shipped one.
+MODE_OF: dict[str, Mode] = {
+    "balanced": "balanced",
+    "round-robin": "round-robin",
+    "per-replica": "balanced",
+    "shared": "balanced",
+}
+VERDICTS = {
+    "routing": "balanced goodput/s >= round-robin goodput/s in every round",
+    "limits": "no request failed either way, and the shared set held its limits in Redis",
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,6 +94,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--rounds", type=int, default=1, help="rounds of (balanced, round-robin) (1)")
     parser.add_argument("--ctx-per-slot", type=int, default=1024, help="each replica's context (1024)")
+    parser.add_argument(
+        "--compare",
+        choices=("routing", "limits"),
+        default="routing",
+        help="routing: the shipped nginx vs round robin; limits: tenant limits shared through Redis and "
+        "PostgreSQL vs each replica's own, both behind the shipped nginx (routing)",
+    )
     parser.add_argument(
         "--nginx-conf", type=Path, default=SHIPPED_CONF, help="the nginx site file to test (the shipped one)"
     )
@@ -101,22 +140,49 @@ def _table(rows: list[dict[str, Any]]) -> str:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
+    limits = any(r["mode"] in LIMIT_VARIANTS for r in rows)
     out = [
         "| round | mode | submitted | completed | refused (client saw 429/503) | goodput | goodput/s | "
-        "TTFT p50 ms | TTFT p95 ms | passed on by nginx |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "TTFT p50 ms | TTFT p95 ms | passed on by nginx |" + (" cluster mode |" if limits else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if limits else ""),
     ]
     for r in rows:
         out.append(
             f"| {r['round']} | {r['mode']} | {r['submitted']} | {r['completed']} | {r['rejected']} | "
             f"{r['goodput']} | {f(r['goodput_per_s'], '.3f')} | {f(r['ttft_ms_p50'], '.0f')} | "
             f"{f(r['ttft_ms_p95'], '.0f')} | {r['nginx_passed_on']} of {r['nginx_requests']} |"
+            + (f" {', '.join(r.get('cluster_mode') or ['?'])} |" if limits else "")
         )
     return "\n".join(out)
 
 
+_CLUSTER_MODE = re.compile(r'^llamagate_cluster_mode\{mode="(\w+)"\} 1(?:\.0)?$', re.MULTILINE)
+
+
+def cluster_modes(replicas: list[PrivateDaemon]) -> list[str]:
+    """Each replica's ``llamagate_cluster_mode`` after a run: ``cluster`` where the limits were held in
+    Redis throughout, ``off`` without ``cluster.redis_url``, ``refuse`` if Redis failed (``?``: unread)."""
+    modes = []
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        for launch in replicas:
+            try:
+                r = client.get(f"{launch.base_url}/metrics", headers=launch.target.headers())
+                found = _CLUSTER_MODE.search(r.text)
+                modes.append(found.group(1) if r.status_code == 200 and found else "?")
+            except httpx.HTTPError:
+                modes.append("?")
+    return modes
+
+
 def verdict(rows: list[dict[str, Any]]) -> bool:
-    """Balanced goodput/s >= round-robin goodput/s in every round."""
+    """Balanced goodput/s >= round-robin goodput/s in every round; with the limit variants, no request
+    failed in either (each completed or was refused with a status) and each set ran as configured: the
+    shared one's replicas in cluster mode, the per-replica one's with no cluster."""
+    if any(r["mode"] in LIMIT_VARIANTS for r in rows):
+        expect = {"shared": "cluster", "per-replica": "off"}
+        return all(
+            r["failed"] == 0 and set(r.get("cluster_mode") or ["?"]) == {expect[r["mode"]]} for r in rows
+        )
     by_round: dict[int, dict[str, float]] = {}
     for r in rows:
         by_round.setdefault(r["round"], {})[r["mode"]] = r["goodput_per_s"] or 0.0
@@ -137,20 +203,35 @@ def _handle(args: argparse.Namespace) -> int:
     per_replica = {"llama": {"slots": 1, "threads": 1, "ctx_per_slot": args.ctx_per_slot}}
     launched: list[PrivateDaemon] = []
     rows: list[dict[str, Any]] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="llamagate-scaleout-") as tmp:
-            for i in range(args.replicas):
-                cfg = deep_merge(
-                    deep_merge(deep_merge(base, per_replica), shared), {"proxy": {"port": free_port()}}
-                )
-                launched.append(start_llamagate(cfg, key, Path(tmp) / f"replica{i}", progress=progress))
-            addrs = [f"127.0.0.1:{launch.port}" for launch in launched]
+    variants = LIMIT_VARIANTS if args.compare == "limits" else MODES
+    sets: dict[str, list[PrivateDaemon]] = {}
+    pids: dict[str, int] = {}  # what the command started besides the replicas (and nginx, per run)
+    with contextlib.ExitStack() as stack:
+        try:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llamagate-scaleout-")))
+            # routing: one set, fronted two ways; limits: one set per variant, each fronted the shipped way.
+            set_overrides: dict[str, dict[str, Any]] = {"": {}}
+            if args.compare == "limits":
+                state = stack.enter_context(shared_state(tmp / "shared", args.replicas, progress))
+                pids.update(state.pids)
+                # The same tenant, its limit now the whole set's: as many at once as there are replicas.
+                whole_set = [{**shared["tenants"][0], "max_concurrency": args.replicas}]
+                set_overrides = {"per-replica": {}, "shared": {**state.overrides, "tenants": whole_set}}
+            for name, extra in set_overrides.items():
+                sets[name] = []
+                for i in range(args.replicas):
+                    cfg = deep_merge(deep_merge(deep_merge(base, per_replica), shared), extra)
+                    cfg = deep_merge(cfg, {"proxy": {"port": free_port()}})
+                    folder = tmp / f"{name or 'replica'}{i}"
+                    launched.append(start_llamagate(cfg, key, folder, progress=progress))
+                    sets[name].append(launched[-1])
             for round_no in range(1, args.rounds + 1):
-                order: list[Mode] = list(MODES) if round_no % 2 else list(reversed(MODES))
-                for mode in order:
-                    nginx = start_nginx(
-                        addrs, Path(tmp) / f"nginx-{mode}-{round_no}", mode=mode, site_conf=args.nginx_conf
-                    )
+                order = list(variants) if round_no % 2 else list(reversed(variants))
+                for variant in order:
+                    replicas = sets[variant if args.compare == "limits" else ""]
+                    addrs = [f"127.0.0.1:{launch.port}" for launch in replicas]
+                    folder = tmp / f"nginx-{variant}-{round_no}"
+                    nginx = start_nginx(addrs, folder, mode=MODE_OF[variant], site_conf=args.nginx_conf)
                     try:
                         spec = RunSpec(
                             target=Target(nginx.url, key),
@@ -161,30 +242,35 @@ def _handle(args: argparse.Namespace) -> int:
                             options=options.request_options(args),
                             gates=options.gates(args),
                         )
-                        result = run(spec, out / f"round{round_no}-{mode}", progress)
+                        result = run(spec, out / f"round{round_no}-{variant}", progress)
                     finally:
                         nginx.stop()
                     access = nginx.access_log()
                     passed_on = sum(1 for r in access if len(r.tried) > 1)
-                    rows.append(_summary_row(mode, round_no, result.summary, passed_on, len(access)))
-    finally:
-        identities = [launch.identity for launch in launched]
-        for launch in launched:
-            launch.stop()
+                    row = _summary_row(variant, round_no, result.summary, passed_on, len(access))
+                    row["cluster_mode"] = cluster_modes(replicas)
+                    rows.append(row)
+        finally:
+            identities = [launch.identity for launch in launched]
+            replica_pids = [launch.proc.pid for launch in launched]
+            for launch in launched:
+                launch.stop()
     ok = verdict(rows)
     report = {
         "schema": SCHEMA,
         "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "compare": args.compare,
         "replicas": args.replicas,
         "concurrency": concurrency,
         "duration_s": args.duration,
         "max_tokens": args.max_tokens,
         "rows": rows,
         "passed": ok,
+        "pids": {**pids, "replicas": replica_pids},
         "provenance": collect(sys.argv, {}, {"replicas": identities[:1]}),
     }
     (out / "scaleout.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     print(_table(rows))
-    print(f"verdict: {'PASS' if ok else 'FAIL'}: balanced goodput/s >= round-robin goodput/s in every round")
+    print(f"verdict: {'PASS' if ok else 'FAIL'}: {VERDICTS[args.compare]}")
     print(f"results: {out}")
     return 0 if ok else 1
