@@ -471,6 +471,14 @@ class Admission:
             )
         self._check_idle()
 
+    def estimate_wait(self, tenant: str) -> float:
+        """Seconds until one of the tenant's slots is likely free (the Retry-After of a refusal made
+        elsewhere, e.g. by the limits shared across replicas, which know no service times)."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            return self._service_s or _DEFAULT_SERVICE_S
+        return self._estimate_wait(t, 0)
+
     def _estimate_wait(self, t: _Tenant, ahead: int) -> float:
         """Seconds until a request with ``ahead`` requests queued before it would likely start:
         each freed slot of the tenant's effective concurrency takes one recent service time."""

@@ -52,7 +52,8 @@ from proxy.asgi import body as bodies
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
-from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.cluster.limiter import ClusterLease
+from proxy.errors import BadRequest, ContextTooLarge, NotFound, Rejected, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
 from proxy.routes.charge import Charge, _NoCharge, open_charge
 from proxy.routes.replay import Replay, replay_reason
@@ -192,7 +193,7 @@ class Inference:
                     lease = (
                         None
                         if state.cluster is None
-                        else await state.cluster.acquire(ctx, lane.name, tenant, cost.slots, charge)
+                        else await self._lease(lane, ctx, tenant, cost.slots, charge)
                     )
                     try:
                         await self._attempts(
@@ -203,6 +204,22 @@ class Inference:
                             lease.release()
             finally:
                 inflight.remove(entry)
+
+    async def _lease(
+        self, lane: Lane, ctx: RequestContext, tenant: TenantSettings, slots: int, charge: Charge | _NoCharge
+    ) -> ClusterLease:
+        cluster = self.state.cluster
+        assert cluster is not None
+        try:
+            return await cluster.acquire(ctx, lane.name, tenant, slots, charge)
+        except Rejected as exc:
+            if exc.reason not in ("queue_full", "queue_timeout"):
+                raise
+            # The shared line knows no service times; this replica's gate knows the tenant's recent ones.
+            # A client told "1 s" while a lease is held for minutes comes back (through a retrying
+            # balancer, to every replica) dozens of times for nothing.
+            wait_s = max(exc.retry_after_s, lane.admission.estimate_wait(tenant.name))
+            raise Rejected(exc.reason, wait_s, exc.message) from None
 
     # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
     async def _attempts(

@@ -159,3 +159,24 @@ async def test_a_requests_budget_holds_across_two_replicas(
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "requests_per_minute"
         assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+
+async def test_a_refusal_of_the_shared_line_says_when_a_slot_is_likely_free(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    """A tenant at its limit across the replicas is told to come back after one of its recent service
+    times (this replica's gate knows them), as one replica alone says, not after the probe's second."""
+    tenants = (TenantSettings("team", max_concurrency=1, max_queue=0, queue_timeout_s=20),)
+    async with proxy_factory(tenants=tenants, cluster=cluster(redis_server)) as p, p.client() as c:
+        slow = {**CHAT, "fake_delay_ms": 3000}
+        assert (await c.post("/v1/chat/completions", json=slow)).status_code == 200  # a service time
+        running = asyncio.create_task(c.post("/v1/chat/completions", json=slow))
+        redis = Redis.from_url(redis_server.url)
+        try:
+            await until(lambda: _count(redis, 1), "the lease held")
+            refused = await c.post("/v1/chat/completions", json=CHAT)
+        finally:
+            await redis.aclose()
+        assert refused.status_code == 429 and "across the replicas" in refused.text, refused.text
+        assert int(refused.headers["retry-after"]) >= 3  # about the 3 s the tenant's requests take
+        assert (await running).status_code == 200
