@@ -57,13 +57,14 @@ _PLAN_CACHE = 10_000
 _NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
 
 WindowId = tuple[Subject, str, BudgetName]
+_Pick = tuple[int, int, Window]  # a budget the headers show: (remaining, limit, its window)
 
 
 class Ticket:
     """One admitted request's claim on the budgets; charge or release it exactly once. (A plain class:
     one is made per request, and a dataclass's generated ``__init__`` costs more.)"""
 
-    __slots__ = ("headers", "holds", "key_budgets", "key_id", "reserve", "settled", "tenant")
+    __slots__ = ("headers", "holds", "key_budgets", "key_id", "plan", "reserve", "settled", "tenant")
 
     def __init__(
         self, tenant: str, key_id: str, reserve: int | None, key_budgets: BudgetSettings | None = None
@@ -78,6 +79,8 @@ class Ticket:
         # OpenAI's rate-limit headers as admission left the windows (this request's hold counted), for
         # its answer, as ASGI header lines; empty without budgets.
         self.headers: tuple[tuple[bytes, bytes], ...] = _NO_LINES
+        # The windows admission found for it: its charge needs no second lookup while they stand.
+        self.plan: _Plan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ _HEADER_NAMES = {
 
 
 _HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
+_TOKEN_LINES, _REQUEST_LINES = _HEADER_LINES["tokens"], _HEADER_LINES["requests"]
 _DURATION_BYTES: dict[int, bytes] = {}
 _LIMIT_BYTES: dict[int, bytes] = {}
 
@@ -171,6 +175,8 @@ class _Plan:
     limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...]
     requests: tuple[tuple[WindowId, Window], ...]
     tokens: tuple[tuple[WindowId, Window], ...]
+    # The headers name the kind of the first budget in ``limits`` first.
+    tokens_first: bool = True
 
 
 @dataclass
@@ -236,7 +242,12 @@ class Budgets:
             return tuple((w, self._window(w)) for b in budgets for w in ((s, n, b) for s, n in subjects))
 
         plan = _Plan(
-            self._generation, key_budgets, tuple(limits), windows(("requests_per_minute",)), windows(_TOKENS)
+            self._generation,
+            key_budgets,
+            tuple(limits),
+            windows(("requests_per_minute",)),
+            windows(_TOKENS),
+            tokens_first=bool(limits) and limits[0][3] is not None,
         )
         if len(self._plans) >= _PLAN_CACHE:
             self._plans = {}  # keys come and go: a bound, not an eviction policy
@@ -271,9 +282,10 @@ class Budgets:
                 return ticket
             holds: list[tuple[_Holds, bool]] = []
             refusal: Refusal | None = None
-            # The headers' figures as admitting it leaves them, found on the way: kind -> (remaining,
-            # limit, window), the budget with the least room left of each kind.
-            picks: dict[str, tuple[int, int, Window]] = {}
+            # The headers' figures as admitting it leaves them, found on the way: of each kind, the
+            # budget with the least room left (remaining, limit, window).
+            requests: _Pick | None = None
+            tokens: _Pick | None = None
             for wid, window, limit, h in plan.limits:
                 used = window.used(now)
                 if h is None:  # requests_per_minute
@@ -281,13 +293,16 @@ class Budgets:
                         after = window.wait_below(now, limit) or 0.0
                         refusal = _longest(refusal, Refusal(wid[0], wid[1], wid[2], limit, used, after))
                         continue
-                    kind, remaining = "requests", limit - used - 1
-                elif reserve is not None and used + h.held + reserve <= limit:
+                    remaining = limit - used - 1
+                    if requests is None or remaining < requests[0]:
+                        requests = (remaining, limit, window)
+                    continue
+                if reserve is not None and used + h.held + reserve <= limit:
                     holds.append((h, False))
-                    kind, remaining = "tokens", limit - used - h.held - reserve
+                    remaining = limit - used - h.held - reserve
                 elif h.overshooter is None and used + h.held < limit:
                     holds.append((h, True))
-                    kind, remaining = "tokens", limit - used - h.held
+                    remaining = limit - used - h.held
                 else:
                     # Room once enough charged tokens expire, given the holds stay; holds alone, or the
                     # overshooter still running: at least the in-flight guess.
@@ -298,9 +313,8 @@ class Budgets:
                     why = Refusal(wid[0], wid[1], wid[2], limit, used, after, in_flight=used < limit)
                     refusal = _longest(refusal, why)
                     continue
-                best = picks.get(kind)
-                if best is None or remaining < best[0]:
-                    picks[kind] = (remaining, limit, window)
+                if tokens is None or remaining < tokens[0]:
+                    tokens = (remaining, limit, window)
             if refusal is not None:
                 return refusal
             for h, over in holds:
@@ -309,7 +323,8 @@ class Budgets:
                 else:
                     h.held += reserve or 0
             self._add(plan.requests, 1, now)
-            ticket.headers = _lines(picks, now)
+            ticket.headers = _lines(plan.tokens_first, tokens, requests, now)
+            ticket.plan = plan
         ticket.holds = tuple(holds)
         return ticket
 
@@ -327,7 +342,10 @@ class Budgets:
                 else:
                     h.held -= ticket.reserve or 0
             if tokens > 0:
-                self._add(self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets).tokens, tokens, now)
+                plan = ticket.plan
+                if plan is None or plan.generation != self._generation:
+                    plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
+                self._add(plan.tokens, tokens, now)
 
     def release(self, ticket: Ticket, now: float) -> None:
         """A request that ended with no usage at all (refused later, timed out in the queue)."""
@@ -352,14 +370,18 @@ class Budgets:
         self, limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...], now: float
     ) -> tuple[tuple[bytes, bytes], ...]:
         """Under the lock."""
-        picks: dict[str, tuple[int, int, Window]] = {}  # kind -> (remaining, limit, window)
+        requests: _Pick | None = None
+        tokens: _Pick | None = None
         for _, window, limit, h in limits:
-            kind = "requests" if h is None else "tokens"
-            remaining = limit - window.used(now) - (h.held if h is not None else 0)
-            best = picks.get(kind)
-            if best is None or remaining < best[0]:
-                picks[kind] = (remaining, limit, window)
-        return _lines(picks, now)
+            if h is None:
+                remaining = limit - window.used(now)
+                if requests is None or remaining < requests[0]:
+                    requests = (remaining, limit, window)
+            else:
+                remaining = limit - window.used(now) - h.held
+                if tokens is None or remaining < tokens[0]:
+                    tokens = (remaining, limit, window)
+        return _lines(limits[0][3] is not None, tokens, requests, now)
 
     def used(self, subject: Subject, name: str, budget: BudgetName, now: float) -> int:
         """What a window counts now (the status page, tests)."""
@@ -406,21 +428,29 @@ class Budgets:
                 self._unsaved[((e.subject, e.name, e.budget), e.at)] = e
 
 
-def _lines(picks: dict[str, tuple[int, int, Window]], now: float) -> tuple[tuple[bytes, bytes], ...]:
-    out: list[tuple[bytes, bytes]] = []
-    for kind, (remaining, limit, window) in picks.items():
-        names = _HEADER_LINES[kind]
-        limit_text = _LIMIT_BYTES.get(limit)
-        if limit_text is None:  # a handful of limits, each formatted once (not at every answer)
-            if len(_LIMIT_BYTES) >= 10_000:
-                _LIMIT_BYTES.clear()
-            limit_text = _LIMIT_BYTES[limit] = b"%d" % limit
-        out += (
-            (names[0], limit_text),
-            (names[1], b"%d" % max(0, remaining)),
-            (names[2], _duration(window.reset_in(now))),
-        )
-    return tuple(out)
+def _lines(
+    tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float
+) -> tuple[tuple[bytes, bytes], ...]:
+    """The header lines of the picked budgets, of the kind whose budget comes first first."""
+    if tokens_first:
+        return _kind_lines(_TOKEN_LINES, tokens, now) + _kind_lines(_REQUEST_LINES, requests, now)
+    return _kind_lines(_REQUEST_LINES, requests, now) + _kind_lines(_TOKEN_LINES, tokens, now)
+
+
+def _kind_lines(names: tuple[bytes, ...], pick: _Pick | None, now: float) -> tuple[tuple[bytes, bytes], ...]:
+    if pick is None:
+        return _NO_LINES
+    remaining, limit, window = pick
+    limit_text = _LIMIT_BYTES.get(limit)
+    if limit_text is None:  # a handful of limits, each formatted once (not at every answer)
+        if len(_LIMIT_BYTES) >= 10_000:
+            _LIMIT_BYTES.clear()
+        limit_text = _LIMIT_BYTES[limit] = b"%d" % limit
+    return (
+        (names[0], limit_text),
+        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
+        (names[2], _duration(window.reset_in(now))),
+    )
 
 
 def _longest(current: Refusal | None, new: Refusal) -> Refusal:

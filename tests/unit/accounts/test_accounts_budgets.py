@@ -3,6 +3,7 @@ request's tokens), Retry-After, the rate-limit headers, and counts that survive 
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -293,6 +294,47 @@ def test_window_bookkeeping() -> None:
     buckets = Window(86400.0, 60.0)
     assert buckets.add(T0 + 59, 1) == T0 and buckets.add(T0 + 61, 1) == T0 + 60
     assert math.isclose(buckets.reset_in(T0 + 61), 60 + 60 + 86400 - 61)
+
+
+def test_a_window_of_many_charges_holds_no_object_per_charge() -> None:
+    """A width-0 window keeps one entry per request for a minute (about 10^5 on a busy host): as numbers,
+    not one tracked object each, which the garbage collector would walk and promote at every pass."""
+    window = Window(60.0)
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        for i in range(10_000):
+            window.add(T0 + i / 1000, 1)
+        grown = len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+    assert window.used(T0 + 10) == 10_000
+    assert grown < 100  # the per-second groups (10 here) and little else; not 10 000
+
+
+def test_a_window_stays_exact_while_its_old_entries_are_dropped() -> None:
+    """Against a plain list of the charges: counts, lengths, waits, while the front is dropped in many
+    steps (and the arrays compacted several times: 20 000 charges, 3000 in any minute)."""
+    window = Window(60.0)
+    charges: list[tuple[float, int]] = []
+    for i in range(20_000):
+        at, amount = T0 + i / 50, i % 7 + 1
+        window.add(at, amount)
+        charges.append((at, amount))
+        if i % 97 == 0 or i > 19_990:
+            live = [(t, a) for t, a in charges[-3100:] if t + 60 > at]
+            total = sum(a for _, a in live)
+            assert window.used(at) == total and len(window) == len(live)
+            assert window.reset_in(at) == pytest.approx(live[-1][0] + 60 - at)
+            # Room for 10 tokens more than 9 below now: once the oldest entries holding 10 expire.
+            need, first = 0, 0
+            while need < 10 and first < len(live):
+                need += live[first][1]
+                first += 1
+            expires = live[first - 1][0] + 60 - at
+            assert window.wait_below(at, total - 9) == (pytest.approx(expires) if total > 9 else None)
+    assert window.used(at + 60) == 0 and len(window) == 0 and window.reset_in(at + 60) == 0.0
 
 
 def test_a_second_of_charges_is_one_row_that_never_expires_early() -> None:
