@@ -13,10 +13,11 @@ What a bucket holds, and when it is fed:
   counted when the request ends (``observe``, one call per request from the request record the middleware
   already has): a long stream's tokens all land in the bucket it ended in.
 - TTFT: a bounded sample (reservoir sampling, ``SAMPLE`` values; every request has the same chance of being
-  in it), its p50 and p95 read by nearest rank when the history is read. A sample rather than a fixed
-  histogram: exact percentiles whenever a bucket saw at most ``SAMPLE`` requests (a llama-server with a few
-  slots answers far fewer in 10 s), with no bucket bounds to choose for a TTFT that goes from 20 ms to
-  a minute; the price, sorting at most 64 numbers per bucket, is paid by the reader, not the request.
+  in it), its p50 and p95 read when the history is read (``proxy.metrics.percentile``, the bench's
+  definition). A sample rather than a fixed histogram: exact percentiles whenever a bucket saw at most
+  ``SAMPLE`` requests (a llama-server with a few slots answers far fewer in 10 s), with no bucket bounds
+  to choose for a TTFT that goes from 20 ms to a minute; the price, sorting at most 64 numbers per
+  bucket, is paid by the reader, not the request.
 - TPOT: the mean of the requests' own mean times per output token (a sum and a count).
 - ``queued``, ``running``: the highest of the admission gate's figures sampled about once a second
   (``sample``, from a timer and at each read), so that a burst shorter than the bucket still shows.
@@ -27,11 +28,12 @@ loop is the only writer), nothing per token.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping
+
+from proxy.metrics.percentile import percentile
 
 BUCKET_S = 10
 BUCKETS = 90  # 15 minutes
@@ -65,14 +67,6 @@ class Bucket:
         self.tpot_count = 0
         self.queued = 0
         self.running = 0
-
-
-def percentile(ordered: array[float], p: float) -> float | None:
-    """Nearest rank: the smallest value with at least ``p`` of the sample at or below it (an observed
-    value, never one between two)."""
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
 
 
 class History:
@@ -166,8 +160,8 @@ class History:
             "t": t,
             "requests": b.requests,
             "tokens": b.tokens,
-            "ttft_p50_s": _round(percentile(ordered, 0.5)),
-            "ttft_p95_s": _round(percentile(ordered, 0.95)),
+            "ttft_p50_s": _round(percentile(ordered, 50)),
+            "ttft_p95_s": _round(percentile(ordered, 95)),
             "tpot_s": _round(b.tpot_sum / b.tpot_count) if b.tpot_count else None,
             "queued": b.queued,
             "running": b.running,

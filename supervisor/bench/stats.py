@@ -11,9 +11,10 @@ Definitions (also in docs/benchmarks.md):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from proxy.metrics.percentile import percentile as percentile  # the one definition, re-exported
 
 SMALL_SAMPLE = 20
 
@@ -51,21 +52,6 @@ class Distribution:
     min: float | None
     max: float | None
     small_sample: bool
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks; None for no values."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} outside [0, 100]")
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    if lo == hi:
-        return ordered[lo]
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def distribution(values: Sequence[float]) -> Distribution:

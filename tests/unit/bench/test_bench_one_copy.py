@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 ONE = {
-    "percentile": "supervisor/bench/stats.py",
+    "percentile": "proxy/metrics/percentile.py",
     "free_port": "supervisor/child/spawn.py",
     "deep_merge": "supervisor/bench/launcher.py",
     "key_config": "supervisor/config/keys.py",

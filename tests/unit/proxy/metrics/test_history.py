@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 import sys
 
-from proxy.metrics.history import History, percentile
+from proxy.metrics.history import History
+from proxy.metrics.percentile import percentile
 
 
 class Clock:
@@ -40,8 +41,8 @@ def test_a_request_lands_in_the_bucket_of_its_end_with_its_tokens_and_times() ->
         "t": int(START),
         "requests": 3,
         "tokens": 50,
-        "ttft_p50_s": 0.25,
-        "ttft_p95_s": 0.75,
+        "ttft_p50_s": 0.5,  # between the two, linearly
+        "ttft_p95_s": 0.725,
         "tpot_s": 0.03,
         "queued": 0,
         "running": 0,
@@ -81,17 +82,15 @@ def test_nothing_is_reported_before_the_history_began() -> None:
     assert [r["t"] for r in rows(h)] == [START, START + 10, START + 20, START + 30]
 
 
-def test_percentiles_are_nearest_rank_of_the_bucket() -> None:
+def test_percentiles_interpolate_between_the_buckets_closest_ranks() -> None:
     clock = Clock(START)
     h = History(clock=clock)
     for v in range(1, 21):  # 1 .. 20 ms
         h.observe("chat", 1, v / 1000, None)
     (row,) = rows(h)
-    assert row["ttft_p50_s"] == 0.010 and row["ttft_p95_s"] == 0.019
-    from array import array
-
-    assert percentile(array("d"), 0.5) is None
-    assert percentile(array("d", [3.0]), 0.95) == 3.0
+    assert row["ttft_p50_s"] == 0.0105 and row["ttft_p95_s"] == 0.01905
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
 
 
 def test_the_ttft_sample_stays_bounded_and_represents_the_whole_bucket() -> None:
