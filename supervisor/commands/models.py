@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from supervisor.commands.config import add_config_argument
-from supervisor.commands.status import KEY_ENV, URL_ENV, default_url, normalize_url
-from supervisor.errors import UsageError
+from supervisor.commands.admin_client import add_admin_arguments, admin_target
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,27 +28,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sub = actions.add_parser(action, help=text)
         if action != "list":
             sub.add_argument("name", metavar="NAME", help="the model's name (models[].name)")
-        sub.add_argument(
-            "--url",
-            help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
-            "--config, else 127.0.0.1:8080)",
-        )
-        add_config_argument(sub)
-        sub.add_argument("--key", help=f"admin key (default ${KEY_ENV})")
         # A load waits for READY: as long as the model's load_wait_s, and longer than a status probe.
-        sub.add_argument("--timeout", type=float, default=600.0, help="seconds for the request")
-        sub.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+        add_admin_arguments(sub, timeout_s=600.0)
         sub.set_defaults(func=_models)
 
 
 def _models(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout {args.timeout}: must be > 0 seconds")
-    key = args.key or os.environ.get(KEY_ENV)
-    if not key:
-        raise UsageError(f"an admin key is needed: --key KEY or ${KEY_ENV}")
-    url = normalize_url(args.url or default_url(args))
-    headers = {"Authorization": f"Bearer {key}"}
+    url, headers = admin_target(args)
     if args.action == "list":
         method, path = "GET", "/admin/models"
     else:

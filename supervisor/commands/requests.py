@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from supervisor.commands.config import add_config_argument
-from supervisor.commands.status import KEY_ENV, URL_ENV, default_url, normalize_url
+from supervisor.commands.admin_client import add_admin_arguments, admin_target
 from supervisor.errors import UsageError
 
 
@@ -29,28 +27,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="ID",
         help="cancel the request with this X-Request-ID (its client gets 410 cancelled_error)",
     )
-    parser.add_argument(
-        "--url",
-        help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
-        "--config, else 127.0.0.1:8080)",
-    )
-    add_config_argument(parser)
-    parser.add_argument("--key", help=f"admin key (default ${KEY_ENV})")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds for the request")
-    parser.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    add_admin_arguments(parser, timeout_s=30.0)
     parser.set_defaults(func=_requests)
 
 
 def _requests(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout {args.timeout}: must be > 0 seconds")
     if args.cancel is not None and not args.cancel.strip():
         raise UsageError("--cancel needs a request id (the X-Request-ID that `llamagate requests` lists)")
-    key = args.key or os.environ.get(KEY_ENV)
-    if not key:
-        raise UsageError(f"an admin key is needed: --key KEY or ${KEY_ENV}")
-    url = normalize_url(args.url or default_url(args))
-    headers = {"Authorization": f"Bearer {key}"}
+    url, headers = admin_target(args)
     if args.cancel is None:
         method, path = "GET", "/admin/requests"
     else:
