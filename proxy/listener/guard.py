@@ -54,6 +54,20 @@ ACCEPT_ERROR_MEMORY_S = 10.0
 _ACCEPT_ERROR = "socket.accept() out of system resource"
 
 
+def _retry_on_a_closed_listener(context: dict[str, Any]) -> bool:
+    """After an accept error asyncio retries with ``call_later(..., _start_serving, ..., sock, ...)``,
+    and ``Server.close()`` does not cancel that timer (CPython 3.11): when the daemon stops while file
+    descriptors are short, the retry runs on the closed socket and raises ``ValueError`` (fd -1). The
+    listener is gone on purpose, so there is nothing to report."""
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    if getattr(callback, "__name__", "") != "_start_serving":
+        return False
+    if not isinstance(context.get("exception"), ValueError):
+        return False
+    return any(isinstance(arg, socket.socket) and arg.fileno() == -1 for arg in getattr(handle, "_args", ()))
+
+
 class FrontDoor:
     def __init__(
         self,
@@ -136,6 +150,8 @@ class FrontDoor:
             if context.get("message") == _ACCEPT_ERROR:
                 sock = context.get("socket")
                 self.accept_failed(context.get("exception"), sock.fileno() if sock is not None else None)
+            elif _retry_on_a_closed_listener(context):
+                return
             elif previous is not None:
                 previous(loop, context)
             else:

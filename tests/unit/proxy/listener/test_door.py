@@ -364,6 +364,32 @@ def test_accept_failures_become_one_line_and_a_readiness_problem() -> None:
     assert door.problem() is None
 
 
+def test_an_accept_retry_that_fires_after_the_listener_closed_is_not_reported() -> None:
+    """CI saw it: descriptors ran out, asyncio scheduled its accept retry (``call_later(...,
+    _start_serving, ...)``), the server stopped and closed the socket, and the retry raised ``ValueError:
+    Invalid file descriptor: -1`` into the log as a traceback per listener. The same timer is made here
+    the way asyncio makes it, on a closed socket; an unrelated callback error still goes through."""
+    passed: list[dict[str, Any]] = []
+    door = FrontDoor(DoorSettings)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.set_exception_handler(door.exception_handler(lambda _loop, ctx: passed.append(ctx)))
+        sock = socket.socket()
+        sock.close()
+        start_serving = loop._start_serving  # type: ignore[attr-defined]  # the retry asyncio schedules
+        loop.call_soon(start_serving, asyncio.Protocol, sock, None, None, 100)
+
+        def unrelated() -> None:
+            raise ValueError("not a listener")
+
+        loop.call_soon(unrelated)
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert [str(ctx.get("exception")) for ctx in passed] == ["not a listener"]
+
+
 _FD_SERVER = textwrap.dedent(
     """
     import asyncio, logging, resource, socket, sys
