@@ -16,19 +16,21 @@ Two connections: one for every write and for reports (behind a lock), one read-o
 poll, so that the poll sees every commit of the other (``PRAGMA data_version`` changes only for commits
 made by another connection) and never waits behind a batch.
 
-A batch's usage rows go in as one statement over a JSON array (``json_each``), not one ``executemany``
-step per row: the sqlite3 module gives up the GIL around every step, and the writer thread then waits up
-to the interpreter's switch interval to get it back each time, forcing the event loop to hand it over
-again and again. Measured with the proxy benchmark's accounts phase: one step per row doubled the
-proxy's CPU per request at a thousand requests a second; one statement per batch costs it a few
-percent. SQLite without its JSON functions (compiled out; built in since 3.38) falls back to
-``executemany``.
+A batch's usage rows go in as few statements as SQLite's parameter limit allows (one multi-row
+``INSERT ... VALUES``, up to ``ROWS_PER_STATEMENT`` rows each), not one ``executemany`` step per row: the
+sqlite3 module gives up the GIL around every step, and the writer thread then waits up to the
+interpreter's switch interval to get it back each time, forcing the event loop to hand it over again
+and again. Measured with the proxy benchmark's accounts phase: one step per row doubled the proxy's CPU
+per request at a thousand requests a second. The rows are bound as parameters, not sent as one JSON
+array over ``json_each``: that was one step too, but SQLite parsing the array cost the writer about
+9 us a row against 3 (``tests.benchmarks.store_write``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
+import itertools
 import os
 import sqlite3
 import stat
@@ -58,18 +60,26 @@ __all__ = ["APPLICATION_ID", "SqliteStore", "inspect_store", "open_store", "stat
 APPLICATION_ID = 0x6C6C6774  # "llgt" in the header's application id field (offset 68)
 _MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 5.0
-# A batch's usage rows and rollup increments as one statement each over a JSON array (module docstring).
-_INSERT_USAGE_JSON = (
-    f"INSERT INTO usage_events ({USAGE_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
-    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
-    + " FROM json_each(?)"
-)
-_INSERT_HOURLY_JSON = (
-    f"INSERT INTO usage_hourly ({HOURLY_COLUMNS}) SELECT "  # noqa: S608 - fixed column list
-    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
-    # "WHERE true": SQLite's upsert after a SELECT needs it, to tell ON CONFLICT from a join's ON.
-    + " FROM json_each(?) WHERE true "
-)
+# Rows per statement, within SQLite's limit on parameters (32766 since 3.32, 999 before; a row has 11).
+ROWS_PER_STATEMENT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 90
+_INSERT_USAGE_ROWS = f"INSERT INTO usage_events ({USAGE_COLUMNS}) VALUES "  # noqa: S608 - fixed column list
+_INSERT_HOURLY_ROWS = f"INSERT INTO usage_hourly ({HOURLY_COLUMNS}) VALUES "  # noqa: S608 - fixed column list
+
+
+@functools.lru_cache(maxsize=32)
+def _rows_sql(head: str, width: int, count: int, tail: str) -> str:
+    row = "(" + ", ".join("?" * width) + ")"
+    return head + ", ".join([row] * count) + " " + tail
+
+
+def _insert_rows(conn: Conn, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    """``rows`` (all of one width) in statements of up to ``ROWS_PER_STATEMENT`` rows each."""
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        conn.execute(
+            _rows_sql(head, len(chunk[0]), len(chunk), tail), list(itertools.chain.from_iterable(chunk))
+        )
+
 
 State = Literal["absent", "empty", "unmarked", "ours"]
 
@@ -161,7 +171,6 @@ class SqliteStore(SqlStore):
         self._marker = 0
         try:
             self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._json = _has_json(self._conn)
             if max_pages is not None:
                 self.limit_pages(max_pages)
         except sqlite3.Error:
@@ -286,11 +295,9 @@ class SqliteStore(SqlStore):
     # -- the writer's batch -------------------------------------------------------------------------
 
     def _write_usage(self, conn: Conn, rows: Sequence[UsageRecord], sums: list[tuple[Any, ...]]) -> None:
-        if self._json:
-            conn.execute(_INSERT_USAGE_JSON, (json.dumps(rows),))
-            conn.execute(_INSERT_HOURLY_JSON + UPSERT_HOURLY, (json.dumps(sums),))
-        else:
-            super()._write_usage(conn, rows, sums)
+        _insert_rows(conn, _INSERT_USAGE_ROWS, rows)
+        if sums:
+            _insert_rows(conn, _INSERT_HOURLY_ROWS, sums, UPSERT_HOURLY)
 
     def close(self) -> None:
         with self._lock, self._read_lock:
@@ -301,14 +308,6 @@ class SqliteStore(SqlStore):
         if self._daemon_lock is not None:
             self._daemon_lock.release()
             self._daemon_lock = None
-
-
-def _has_json(conn: sqlite3.Connection) -> bool:
-    try:
-        conn.execute("SELECT json_extract(value, '$[0]') FROM json_each('[[1]]')").fetchall()
-    except sqlite3.OperationalError:
-        return False
-    return True
 
 
 def _check_contents(conn: sqlite3.Connection, path: Path, state: State) -> None:

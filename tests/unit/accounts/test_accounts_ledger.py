@@ -15,7 +15,7 @@ import pytest
 from proxy.accounts.ledger import Ledger
 from proxy.accounts.records import Batch, UsageRecord
 from proxy.accounts.sqlbase import SqlStore
-from proxy.accounts.sqlite import open_store
+from proxy.accounts.sqlite import ROWS_PER_STATEMENT, open_store
 from proxy.accounts.writer import Retention, StoreWriter
 from tests.unit.accounts.conftest import wait_until
 
@@ -102,6 +102,20 @@ def test_the_hourly_rollup_and_the_report_groups(store: SqlStore) -> None:
     assert [(r.tenant, r.requests) for r in store.usage(key_id="k1")] == [("a", 1), ("b", 1)]
 
 
+def test_a_batch_larger_than_one_statement_is_written_whole(store: SqlStore) -> None:
+    """SQLite writes a batch in statements of ``ROWS_PER_STATEMENT`` rows (its parameter limit): a batch
+    of two and a bit statements, and a rollup of more groups than one statement holds, lose nothing."""
+    count = 2 * ROWS_PER_STATEMENT + 7
+    rows = [record(i, model=f"m{i % 700}", at=T0 + i) for i in range(count)]
+    store.write(Batch(usage=tuple(rows)))
+    assert sorted(r.request_id for r in store.usage_records()) == sorted(r.request_id for r in rows)
+    by_model = store.usage(by="model")
+    assert len(by_model) == 700 and sum(r.requests for r in by_model) == count
+    assert sum(r.completion_tokens for r in by_model) == sum(r.completion_tokens for r in rows)
+    store.write(Batch(usage=tuple(rows[:3])))  # the rollup's upsert adds to the groups it finds
+    assert sum(r.requests for r in store.usage(by="model")) == count + 3
+
+
 def test_retention_prunes_rows_and_rollups_by_their_own_age(store: SqlStore) -> None:
     day = 86400.0
     store.write(Batch(usage=(record(1, at=T0), record(2, at=T0 + 40 * day))))
@@ -136,7 +150,7 @@ def test_a_sigkill_loses_nothing_that_was_written(store_path: Path) -> None:
 import sys, time
 sys.path.insert(0, {str(REPO)!r})
 from proxy.accounts.ledger import Ledger
-from proxy.accounts.sqlite import open_store
+from proxy.accounts.sqlite import ROWS_PER_STATEMENT, open_store
 from proxy.accounts.writer import StoreWriter
 from tests.unit.accounts.test_accounts_ledger import record
 store = open_store({str(store_path)!r}, daemon=True)
