@@ -21,6 +21,8 @@ from pathlib import Path
 from proxy.accounts.records import Batch, UsageRecord
 from proxy.accounts.sqlbase import USAGE_COLUMNS
 from proxy.accounts.sqlite import open_store
+from supervisor.errors import UsageError
+from tests.benchmarks import cli
 
 _JSON_INSERT = (
     f"INSERT INTO usage_events ({USAGE_COLUMNS}) SELECT "
@@ -48,11 +50,15 @@ def _rows(count: int, at: float) -> tuple[UsageRecord, ...]:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--batches", type=int, default=40)
-    parser.add_argument("--rows", type=int, default=500, help="rows per batch (the writer's batch size)")
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batches", type=int, default=40, help="batches per way (40)")
+    parser.add_argument("--rows", type=int, default=500, help="rows per batch, the writer's batch size (500)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.batches < 1 or args.rows < 1:
+        raise UsageError("--batches and --rows must be >= 1")
     with tempfile.TemporaryDirectory(prefix="llamagate-store-write-") as folder:
         store = open_store(Path(folder) / "values.db")
         open_store(Path(folder) / "json.db").close()  # the same schema, written raw below
@@ -86,7 +92,16 @@ def main() -> None:
         **{f"{name}_us_per_row_median": round(statistics.median(v), 2) for name, v in per_row.items()},
     }
     print(json.dumps(result))
+    if args.out:
+        args.out.write_text(
+            json.dumps({"command": cli.command_line("store_write"), "results": result}, indent=2)
+        )
+    return 0
+
+
+def main() -> int:
+    return cli.run("store_write", __doc__, add_arguments, handle)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
