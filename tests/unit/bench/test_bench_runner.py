@@ -136,10 +136,12 @@ async def test_folder_with_a_run_is_not_overwritten(tmp_path: Path) -> None:
 
 
 async def test_sweep_finds_envelope_and_runs_recovery(tmp_path: Path) -> None:
-    # Two slots, requests beyond them wait: TTFT grows with concurrency. A TTFT gate between one and
-    # two service times puts the knee between c=2 and c=4.
-    server = FakeServer(slots=2, tokens=10, gap_s=0.01)
-    gates = Gates(ttft_ms=60, tpot_ms=1000)
+    # Two slots, requests beyond them wait: TTFT grows with concurrency. A TTFT gate between one token
+    # gap (30 ms: c=1 and c=2) and one service time (300 ms: what c=4 waits for a slot) puts the knee
+    # between c=2 and c=4, with margins a busy machine's scheduling delays stay inside (a loaded run saw the
+    # earlier 10 ms gap against a 60 ms gate fail there).
+    server = FakeServer(slots=2, tokens=10, gap_s=0.03)
+    gates = Gates(ttft_ms=150, tpot_ms=1000)
     loads = [LoadSpec("concurrency", c, requests=8) for c in (1, 2, 4)]
     sweep_spec = SweepSpec(
         {"fake": TARGET}, loads, load_prompts("builtin", 0), RequestOptions(), gates, pause_s=0
