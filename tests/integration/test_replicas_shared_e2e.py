@@ -1,13 +1,17 @@
 """Issue 25's acceptance: three replicas behind the shipped nginx, one real Redis, one real PostgreSQL.
 
-Three whole daemons (each with its own llama-server child: the demo model, 2 slots, 1 thread, a small
-context) share ``cluster.redis_url`` (tenant leases and budget windows) and ``store.url`` (keys and the
-ledger), and the shipped deploy/nginx/llamagate.conf is in front of them. Each replica's own gate would let
-a tenant with ``max_concurrency: 2`` run 2, so without the shared leases 6 clients through nginx reach 6
-in flight across the set. What is checked, through nginx, sampling each replica's ``/admin/load`` every
-100 ms: the sum never passes 2 and every client is answered (200 after waiting, or 429); a tenant's
-``tokens_per_minute`` budget holds across the three within one request's tokens; a key made and then
-revoked through replica 1's admin route gets 401 from replicas 2 and 3 (the delay is printed, not asserted).
+The set (``tests.integration.replica_set``, ``cluster.on_redis_error: local``): three daemons, each with
+its own llama-server child (the demo model, 2 slots, 1 thread, a small context), on one
+``cluster.redis_url`` and one ``store.url``, the shipped deploy/nginx/llamagate.conf in front. Each
+replica's own gate would let a tenant with ``max_concurrency: 2`` run 2, so without the shared leases 6
+clients through nginx reach 6 in flight across the set. What is
+checked, through nginx:
+
+- sampling each replica's ``/admin/load`` every 100 ms, the sum never passes 2 and every client is answered
+  (200 after waiting, or 429);
+- a tenant's ``tokens_per_minute`` budget holds across the three within one request's tokens;
+- a key made and then revoked through replica 1's admin route gets 401 from replicas 2 and 3 (the delay is
+  printed, not asserted).
 """
 
 from __future__ import annotations
@@ -16,32 +20,22 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from supervisor.bench.nginx import Nginx, start_nginx
 from supervisor.bench.postgres import Postgres
-from supervisor.config.keys import ADMIN, new_key_config
-from tests.helpers.redis_server import RedisServer
-from tests.integration.conftest import Daemon, DaemonFactory
+from tests.integration.conftest import Daemon
+from tests.integration.replica_set import (
+    BUDGET,
+    REPLICAS,
+    ReplicaSet,
+    chat,
+    in_flight,
+    replica_set,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "redis-server", "initdb", "postgres")]
-
-REPLICAS = 3
-MODEL = "gemma-3-270m"
-BUDGET = 120  # tokens_per_minute of the "metered" tenant
-
-
-class ReplicaSet:
-    def __init__(self, daemons: list[Daemon], nginx: Nginx, keys: dict[str, str]) -> None:
-        self.daemons = daemons
-        self.nginx = nginx
-        self.keys = keys  # tenant -> a key of that tenant (the default one is an admin key)
-
-    def headers(self, tenant: str = "default") -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
 
 @pytest.fixture(scope="module")
@@ -52,59 +46,9 @@ def replicas(
     demo_model_sha256: str,
     postgres_server: Postgres,
 ) -> Iterator[ReplicaSet]:
-    """One replica set for the module's tests (three daemons and their children start once: the machine
-    is small); each test uses a tenant or a key of its own, so they do not meet."""
-    folder = tmp_path_factory.mktemp("replicas")
-    factory = DaemonFactory(folder, llama_server_binary, demo_model, demo_model_sha256)
-    redis_server = RedisServer(folder / "redis").start()
-    try:
-        yield from _replica_set(factory, redis_server, postgres_server.create_database("replicas"), folder)
-    finally:
-        factory.close()
-        redis_server.stop()
-
-
-def _replica_set(
-    daemon_factory: DaemonFactory, redis_server: RedisServer, postgres_url: str, tmp_path: Path
-) -> Iterator[ReplicaSet]:
-    # The same config on every replica (one ConfigMap and Secret), as a real replica set has.
-    admin_key, admin = new_key_config("default", ADMIN)
-    metered_key, metered = new_key_config("metered")
-    waiting = {"max_queue": 8, "queue_timeout_s": 300}
-    overrides = {
-        "llama": {"slots": 2, "threads": 1, "ctx_per_slot": 512},
-        "tenants": [
-            {"name": "default", "max_concurrency": 2, **waiting},
-            {"name": "metered", "max_concurrency": 2, **waiting, "budgets": {"tokens_per_minute": BUDGET}},
-        ],
-        "keys": [admin, metered],
-        "cluster": {"redis_url": redis_server.url, "replicas": REPLICAS, "on_redis_error": "local"},
-        "store": {"url": postgres_url},
-    }
-    daemons = [daemon_factory(overrides, wait_ready=False) for _ in range(REPLICAS)]
-    for d in daemons:
-        d.wait_ready()
-    nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], tmp_path / "nginx")
-    try:
-        yield ReplicaSet(daemons, nginx, {"default": admin_key, "metered": metered_key})
-    finally:
-        nginx.stop()
-
-
-def chat(max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,  # exactly max_tokens long: the slot stays busy that long
-    }
-
-
-async def in_flight(client: httpx.AsyncClient, d: Daemon, tenant: str, headers: dict[str, str]) -> int:
-    r = await client.get(f"{d.base_url}/admin/load", headers=headers)
-    r.raise_for_status()
-    return sum(int(t["in_flight"]) for t in r.json()["tenants"] if t["name"] == tenant)
+    yield from replica_set(
+        tmp_path_factory, llama_server_binary, demo_model, demo_model_sha256, postgres_server, "local"
+    )
 
 
 async def test_six_clients_through_nginx_never_more_than_two_in_flight_across_three_replicas(
