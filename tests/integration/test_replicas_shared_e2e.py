@@ -273,14 +273,22 @@ async def test_a_replica_sigkilled_under_load_has_its_leases_free_within_the_ttl
             # its slots) and a lease. Nothing else of the tenant runs yet: the members that appear are its.
             url = f"{victim.base_url}/v1/chat/completions"
             streams = [await open_stream(client, url, chat(400, stream=True), headers) for _ in range(2)]
-            mine = set((await leases(redis, "fleet"))[0])
+            taken = (await leases(redis, "fleet"))[0]
+            mine = set(taken)
             assert len(mine) == 2, mine
+
+            async def renewed() -> bool:
+                now = (await leases(redis, "fleet"))[0]
+                return all(now.get(m, 0.0) > taken[m] for m in mine)
+
             identity = await client.get(f"{victim.base_url}/admin/identity", headers=replicas.headers())
             child = int(identity.json()["status"]["child_pid"])  # its llama-server, to die with it
             # Load through nginx: the other two replicas take leases of the same tenant all along (a
             # request nginx gives the victim waits there for a slot, until the kill).
             async with Load(client, replicas.chat_url, headers, chat(8), clients=3) as load:
                 await until(lambda: len(load.answered(done="before")) >= 2, "the load to run")
+                # Killed after a renewal of its leases (every TTL / 3): the bound below is the renewal's.
+                await until(renewed, "the victim to renew its leases", 3 * TTL_S)
                 victim.proc.send_signal(signal.SIGKILL)
                 victim.proc.wait(30)
                 held, killed_at = await leases(redis, "fleet")
