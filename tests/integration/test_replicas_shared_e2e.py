@@ -1,47 +1,61 @@
 """Issue 25's acceptance: three replicas behind the shipped nginx, one real Redis, one real PostgreSQL.
 
-Three whole daemons (each with its own llama-server child: the demo model, 2 slots, 1 thread, a small
-context) share ``cluster.redis_url`` (tenant leases and budget windows) and ``store.url`` (keys and the
-ledger), and the shipped deploy/nginx/llamagate.conf is in front of them. Each replica's own gate would let
-a tenant with ``max_concurrency: 2`` run 2, so without the shared leases 6 clients through nginx reach 6
-in flight across the set. What is checked, through nginx, sampling each replica's ``/admin/load`` every
-100 ms: the sum never passes 2 and every client is answered (200 after waiting, or 429); a tenant's
-``tokens_per_minute`` budget holds across the three within one request's tokens; a key made and then
-revoked through replica 1's admin route gets 401 from replicas 2 and 3 (the delay is printed, not asserted).
+The set (``tests.integration.replica_set``, ``cluster.on_redis_error: local``; its ``refuse`` twin is in
+test_replicas_refuse_e2e.py): three daemons, each with its own llama-server child (the demo model, 2
+slots, 1 thread, a small context), on one ``cluster.redis_url`` and one ``store.url``, the shipped
+deploy/nginx/llamagate.conf in front. Each replica's own gate would let a tenant with
+``max_concurrency: 2`` run 2, so without the shared leases 6 clients through nginx reach 6 in flight
+across the set. What is checked, through nginx:
+
+- sampling each replica's ``/admin/load`` every 100 ms, the sum never passes 2 and every client is answered
+  (200 after waiting, or 429);
+- a tenant's ``tokens_per_minute`` budget holds across the three within one request's tokens;
+- a key made and then revoked through replica 1's admin route gets 401 from replicas 2 and 3 (the delay is
+  printed, not asserted);
+- redis-server SIGKILLed under load: all three report ``local``, every request is answered 200 (no hang,
+  no 5xx from any replica) while each holds the tenant to ``max(1, 2 // 3)`` in flight; Redis started again
+  on its port: all three back to ``cluster`` within seconds (measured), one log line per switch;
+- a replica SIGKILLed under load while it holds two leases of a tenant (two streams sent to it directly):
+  those leases expire within the TTL of its death by Redis's clock and leave Redis (both measured) while
+  the other two take leases of the same tenant for the load; nginx moves what the dead replica never
+  answered to the others, all of it answered 200, and afterwards none of the dead replica's leases counts.
+  Last: it leaves two replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
-from supervisor.bench.nginx import Nginx, start_nginx
 from supervisor.bench.postgres import Postgres
-from supervisor.config.keys import ADMIN, new_key_config
-from tests.helpers.redis_server import RedisServer
-from tests.integration.conftest import Daemon, DaemonFactory
+from tests.integration.conftest import Daemon, process_gone
+from tests.integration.replica_set import (
+    BUDGET,
+    REPLICAS,
+    TTL_S,
+    Load,
+    ReplicaSet,
+    chat,
+    cluster_mode,
+    in_flight,
+    lease_key,
+    leases,
+    log_messages,
+    open_stream,
+    replica_set,
+    until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "redis-server", "initdb", "postgres")]
-
-REPLICAS = 3
-MODEL = "gemma-3-270m"
-BUDGET = 120  # tokens_per_minute of the "metered" tenant
-
-
-class ReplicaSet:
-    def __init__(self, daemons: list[Daemon], nginx: Nginx, keys: dict[str, str]) -> None:
-        self.daemons = daemons
-        self.nginx = nginx
-        self.keys = keys  # tenant -> a key of that tenant (the default one is an admin key)
-
-    def headers(self, tenant: str = "default") -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
 
 @pytest.fixture(scope="module")
@@ -52,59 +66,9 @@ def replicas(
     demo_model_sha256: str,
     postgres_server: Postgres,
 ) -> Iterator[ReplicaSet]:
-    """One replica set for the module's tests (three daemons and their children start once: the machine
-    is small); each test uses a tenant or a key of its own, so they do not meet."""
-    folder = tmp_path_factory.mktemp("replicas")
-    factory = DaemonFactory(folder, llama_server_binary, demo_model, demo_model_sha256)
-    redis_server = RedisServer(folder / "redis").start()
-    try:
-        yield from _replica_set(factory, redis_server, postgres_server.create_database("replicas"), folder)
-    finally:
-        factory.close()
-        redis_server.stop()
-
-
-def _replica_set(
-    daemon_factory: DaemonFactory, redis_server: RedisServer, postgres_url: str, tmp_path: Path
-) -> Iterator[ReplicaSet]:
-    # The same config on every replica (one ConfigMap and Secret), as a real replica set has.
-    admin_key, admin = new_key_config("default", ADMIN)
-    metered_key, metered = new_key_config("metered")
-    waiting = {"max_queue": 8, "queue_timeout_s": 300}
-    overrides = {
-        "llama": {"slots": 2, "threads": 1, "ctx_per_slot": 512},
-        "tenants": [
-            {"name": "default", "max_concurrency": 2, **waiting},
-            {"name": "metered", "max_concurrency": 2, **waiting, "budgets": {"tokens_per_minute": BUDGET}},
-        ],
-        "keys": [admin, metered],
-        "cluster": {"redis_url": redis_server.url, "replicas": REPLICAS, "on_redis_error": "local"},
-        "store": {"url": postgres_url},
-    }
-    daemons = [daemon_factory(overrides, wait_ready=False) for _ in range(REPLICAS)]
-    for d in daemons:
-        d.wait_ready()
-    nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], tmp_path / "nginx")
-    try:
-        yield ReplicaSet(daemons, nginx, {"default": admin_key, "metered": metered_key})
-    finally:
-        nginx.stop()
-
-
-def chat(max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,  # exactly max_tokens long: the slot stays busy that long
-    }
-
-
-async def in_flight(client: httpx.AsyncClient, d: Daemon, tenant: str, headers: dict[str, str]) -> int:
-    r = await client.get(f"{d.base_url}/admin/load", headers=headers)
-    r.raise_for_status()
-    return sum(int(t["in_flight"]) for t in r.json()["tenants"] if t["name"] == tenant)
+    yield from replica_set(
+        tmp_path_factory, llama_server_binary, demo_model, demo_model_sha256, postgres_server, "local"
+    )
 
 
 async def test_six_clients_through_nginx_never_more_than_two_in_flight_across_three_replicas(
@@ -225,3 +189,160 @@ def test_a_key_revoked_through_replica_one_gets_401_from_replicas_two_and_three(
     # And through nginx, whichever replica it picks.
     through_nginx = [models_status_at(replicas.nginx.url, key) for _ in range(REPLICAS)]
     assert through_nginx == [401] * REPLICAS
+
+
+async def test_redis_killed_under_load_the_three_go_on_under_local_limits_and_return_to_cluster_mode(
+    replicas: ReplicaSet,
+) -> None:
+    admin = replicas.headers()
+    access_before = len(replicas.nginx.access_log())
+    lost_before = [len(log_messages(d, "Redis unreachable")) for d in replicas.daemons]
+    back_before = [len(log_messages(d, "Redis answers again")) for d in replicas.daemons]
+    outage: list[list[int]] = []  # in flight on each replica while only the local limits are in force
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+
+        async def modes(mode: str) -> bool:
+            found = await asyncio.gather(*(cluster_mode(client, d, admin) for d in replicas.daemons))
+            return list(found) == [mode] * REPLICAS
+
+        assert await modes("cluster")
+        # 6 clients through nginx (least_conn): every replica has some of them, so every replica meets the
+        # dead Redis at its next call (a waiter's next ask, a renewal, a release).
+        async with Load(client, replicas.chat_url, admin, chat(8), clients=6) as load:
+            await until(lambda: len(load.answers) >= 6, "the load to run")
+            replicas.redis.kill()
+            load.phase = "down"
+            noticed = await until(lambda: modes("local"), "all three replicas to report local")
+            # Once the requests admitted under the shared limits before the kill have ended, only the
+            # fallback's run: each replica allows the tenant max(1, 2 // 3) = 1 by itself.
+            await until(lambda: not load.pending["before"], "the requests sent before the kill", 120)
+            load.phase = "outage"
+
+            async def served_through_the_outage() -> bool:
+                counts = await asyncio.gather(
+                    *(in_flight(client, d, "default", admin) for d in replicas.daemons)
+                )
+                outage.append(list(counts))
+                return len(load.answered(sent="outage", done="outage")) >= 6
+
+            await until(served_through_the_outage, "requests answered while Redis is down", 120)
+            replicas.redis.start()  # back, empty, on the same port
+            load.phase = "back"
+            resumed = await until(lambda: modes("cluster"), "cluster mode back on all three replicas", 30)
+            load.phase = "resumed"
+            await until(
+                lambda: len(load.answered(sent="resumed")) >= 6, "requests under shared limits again", 120
+            )
+        await until(
+            lambda: len(replicas.nginx.access_log()) >= access_before + len(load.answers),
+            "nginx's access log",
+        )
+    records = replicas.nginx.access_log()[access_before:]
+    statuses = Counter((a.sent, a.status) for a in load.answers)
+    print(
+        f"redis-server SIGKILLed under load, on_redis_error local: all {REPLICAS} reported local"
+        f" {noticed:.2f} s after the kill; in flight per replica during the outage: max"
+        f" {max(max(s) for s in outage)} (sum max {max(sum(s) for s in outage)}, {len(outage)} samples);"
+        f" Redis back: all {REPLICAS} in cluster mode {resumed:.2f} s after its start; answers by phase sent"
+        f" {dict(statuses)}"
+    )
+    assert not load.failures, load.failures  # no request hung (a client timeout) or was cut
+    assert {a.status for a in load.answers} == {200}, load.answers  # every one answered, none refused
+    # What nginx saw: one 200 per request, and no replica answered a 5xx (that nginx would have retried).
+    assert len(records) == len(load.answers) and {r.status for r in records} == {200}, records
+    assert not [r for r in records if any(a.startswith("5") for a in r.answers)], records
+    assert max(max(s) for s in outage) <= 1, outage  # the local limit, 2 // 3 rounded up to 1, held
+    # One line per switch in each log, not one per request.
+    for i, d in enumerate(replicas.daemons):
+        assert len(log_messages(d, "Redis unreachable")) == lost_before[i] + 1, d.base_url
+        assert len(log_messages(d, "Redis answers again")) == back_before[i] + 1, d.base_url
+
+
+async def test_a_replica_sigkilled_under_load_has_its_leases_free_within_the_ttl(
+    replicas: ReplicaSet,
+) -> None:
+    """Last in the module: the set has two replicas after it."""
+    victim = replicas.daemons[-1]
+    headers = replicas.headers("fleet")  # a tenant of this test alone: its leases in Redis are ours to read
+    access_before = len(replicas.nginx.access_log())
+    redis = Redis.from_url(replicas.redis.url)
+    try:
+        async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+            assert (await leases(redis, "fleet"))[0] == {}
+            # The victim surely holds leases: two streams sent to it directly, each holding a slot (both of
+            # its slots) and a lease. Nothing else of the tenant runs yet: the members that appear are its.
+            url = f"{victim.base_url}/v1/chat/completions"
+            streams = [await open_stream(client, url, chat(400, stream=True), headers) for _ in range(2)]
+            taken = (await leases(redis, "fleet"))[0]
+            mine = set(taken)
+            assert len(mine) == 2, mine
+
+            async def renewed() -> bool:
+                now = (await leases(redis, "fleet"))[0]
+                return all(now.get(m, 0.0) > taken[m] for m in mine)
+
+            identity = await client.get(f"{victim.base_url}/admin/identity", headers=replicas.headers())
+            child = int(identity.json()["status"]["child_pid"])  # its llama-server, to die with it
+            # Load through nginx: the other two replicas take leases of the same tenant all along (a
+            # request nginx gives the victim waits there for a slot, until the kill).
+            async with Load(client, replicas.chat_url, headers, chat(8), clients=3) as load:
+                await until(lambda: len(load.answered(done="before")) >= 2, "the load to run")
+                # Killed after a renewal of its leases (every TTL / 3): the bound below is the renewal's.
+                await until(renewed, "the victim to renew its leases", 3 * TTL_S)
+                victim.proc.send_signal(signal.SIGKILL)
+                victim.proc.wait(30)
+                held, killed_at = await leases(redis, "fleet")
+                load.phase = "after"
+                for response, _ in streams:
+                    with contextlib.suppress(httpx.HTTPError):
+                        await response.aclose()
+                assert mine <= set(held), held  # never released: the victim did nothing after the kill
+                # The guarantee, by Redis's clock: the last renewal before the death gave them one TTL, no
+                # more, and nobody renews them now.
+                expires = max(held[m] for m in mine) - killed_at
+                assert expires <= TTL_S, (expires, TTL_S)
+                gone_at = killed_at
+                others: set[str] = set()  # the leases the load took meanwhile, on the other two
+
+                async def gone() -> bool:
+                    nonlocal gone_at
+                    scores = await redis.zmscore(lease_key("fleet"), sorted(mine))
+                    live, gone_at = await leases(redis, "fleet")
+                    others.update(set(live) - mine)
+                    return all(score is None for score in scores)
+
+                # Out of Redis too: the next ask for a lease of the tenant (the load's) drops expired ones.
+                # The deadline is the TTL and a margin for that next ask and this poll.
+                await until(gone, "the dead replica's leases to leave Redis", TTL_S + 2)
+                assert gone_at - killed_at <= TTL_S + 2
+                assert others  # the other replicas went on taking the tenant's leases all along
+                load.phase = "freed"
+                await until(lambda: len(load.answered(sent="freed")) >= 4, "the two others serving", 120)
+            await until(lambda: process_gone(child), "the victim's llama-server to die with it")
+
+            async def none_held() -> bool:
+                return not (await leases(redis, "fleet"))[0]
+
+            # None of the victim's leases counts any more, not even one it took for a request nginx had
+            # given it (that one has no name known here): with the load ended, the tenant holds nothing.
+            await until(none_held, "the tenant's leases to be released or expired", 10)
+            await until(
+                lambda: len(replicas.nginx.access_log()) >= access_before + len(load.answers),
+                "nginx's access log",
+            )
+    finally:
+        await redis.aclose()
+    records = replicas.nginx.access_log()[access_before:]
+    moved = [r for r in records if len(r.tried) > 1 and r.tried[0] == f"127.0.0.1:{victim.port}"]
+    answers = sorted(Counter(a.status for a in load.answers).items())
+    print(
+        f"a replica SIGKILLed under load holding {len(mine)} leases: they expired {expires:.2f} s after its"
+        f" death (TTL {TTL_S:g} s, Redis's clock) and were out of Redis {gone_at - killed_at:.2f} s after it;"
+        f" while the load took {len(others)} others; {len(load.answers)} requests through nginx, answers"
+        f" {answers}, {len(moved)} moved off the dead replica by nginx"
+    )
+    assert not load.failures, load.failures
+    # Every request answered by the two others: one nginx gave the victim and that it never answered was
+    # sent to the next replica (proxy_next_upstream error: nothing had reached the client).
+    assert {a.status for a in load.answers} == {200}, load.answers
+    assert {r.status for r in records} == {200}, records
