@@ -312,9 +312,9 @@ async def test_a_replica_sigkilled_under_load_has_its_leases_free_within_the_ttl
                     return all(score is None for score in scores)
 
                 # Out of Redis too: the next ask for a lease of the tenant (the load's) drops expired ones.
-                # The deadline is the TTL and a margin for that next ask and this poll.
-                await until(gone, "the dead replica's leases to leave Redis", TTL_S + 2)
-                assert gone_at - killed_at <= TTL_S + 2
+                # When that ask comes depends on the load's pace (a busy machine slows it), so this is a
+                # deadline, not the bound: the bound is the expiry above, which is what stops them counting.
+                await until(gone, "the dead replica's leases to leave Redis", TTL_S + 30)
                 assert others  # the other replicas went on taking the tenant's leases all along
                 load.phase = "freed"
                 await until(lambda: len(load.answered(sent="freed")) >= 4, "the two others serving", 120)
