@@ -8,7 +8,7 @@ arithmetic, no ``AUTOINCREMENT``, no ``RETURNING``. They use ``?`` placeholders 
 style); the PostgreSQL engine turns each ``?`` into ``%s`` (psycopg's) before it sends a statement,
 which is safe because no statement here holds a ``?`` in a string literal or any ``%`` (checked by
 ``pg_placeholders``; the day of an hour is ``(hour / 86400) * 86400``, integer division in both).
-What differs stays in the engine: SQLite's one-statement batch over ``json_each`` and its ``PRAGMA``s,
+What differs stays in the engine: SQLite's multi-row ``INSERT ... VALUES`` batches and its ``PRAGMA``s,
 PostgreSQL's advisory lock around migrations. ``SUM`` of a BIGINT is ``numeric`` (a ``Decimal``) in
 PostgreSQL, so every number read here goes through ``int`` or ``float``.
 """
