@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from supervisor.bench.records import read_records
+from tests.integration.conftest import process_gone
 
 pytestmark = pytest.mark.integration
 
@@ -68,16 +68,10 @@ def test_overload_compares_both_targets_from_one_config(
     assert provenance["overload"]["tenant"] == {"max_concurrency": 1, "max_queue": 0}
 
     # Everything the command started is gone (a zombie would be reaped by its parent, already gone).
-    def gone(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
     for pid in (
         launched["llama-server"]["pid"],
         launched["llamagate"]["pid"],
         served_gate["status"]["child_pid"],
     ):
-        assert gone(pid), f"process {pid} started by the benchmark is still running"
+        assert process_gone(pid), f"process {pid} started by the benchmark is still running"
     assert (out / "overload.md").is_file() and (out / "claim.json").is_file()

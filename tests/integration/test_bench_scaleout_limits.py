@@ -11,20 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from supervisor.child.spawn import popen_tied
+from tests.integration.conftest import process_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "redis-server", "initdb", "postgres")]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_scaleout_compares_shared_limits_with_per_replica_limits(
@@ -64,4 +57,4 @@ def test_scaleout_compares_shared_limits_with_per_replica_limits(
     pids = report["pids"]
     assert set(pids) == {"redis-server", "postgres", "replicas"} and len(pids["replicas"]) == 4
     for pid in (pids["redis-server"], pids["postgres"], *pids["replicas"]):
-        assert gone(pid), pid
+        assert process_gone(pid), pid

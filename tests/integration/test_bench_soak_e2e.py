@@ -9,20 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from proxy.auth import KEY_PREFIX
+from tests.integration.conftest import process_gone
 
 pytestmark = pytest.mark.integration
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_a_short_soak_accounts_for_every_request(
@@ -67,7 +60,7 @@ def test_a_short_soak_accounts_for_every_request(
     assert identity["model"]["sha256"] == demo_model_sha256
     assert result["final_child_pid"] is not None
     for pid in (result["daemon_pid"], identity["status"]["child_pid"], result["final_child_pid"]):
-        assert _gone(pid), f"process {pid} started by the benchmark is still running"
+        assert process_gone(pid), f"process {pid} started by the benchmark is still running"
     for path in out.rglob("*"):  # no key in the results (the config holds digests only)
         if path.is_file():
             assert KEY_PREFIX not in path.read_text(errors="replace"), path
