@@ -38,7 +38,16 @@ from tests.helpers.redis_server import RedisServer
 
 READY_TIMEOUT_S = 180.0  # a cold page cache and a busy 2-core machine make the first load slow
 
-__all__ = ["READY_TIMEOUT_S", "Daemon", "DaemonFactory", "port_is_open", "process_gone", "wait_until"]
+__all__ = [
+    "READY_TIMEOUT_S",
+    "Daemon",
+    "DaemonFactory",
+    "key_status",
+    "port_is_open",
+    "process_gone",
+    "until_key_status",
+    "wait_until",
+]
 
 
 class Daemon(PrivateDaemon):
@@ -94,6 +103,25 @@ def process_gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def key_status(base_url: str, key: str) -> int:
+    """``GET /v1/models`` with ``key``: authenticated like every inference route and answered by the proxy
+    itself (no slot, no generation), so its status shows at once whether the key is in force there."""
+    return httpx.get(
+        base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ).status_code
+
+
+def until_key_status(d: Daemon, key: str, status: int, timeout_s: float = 30.0) -> float:
+    """Seconds until ``key`` gets ``status`` on ``d`` (``key_status``, asked every 20 ms), or the test
+    fails."""
+    started = time.monotonic()
+    while (got := key_status(d.base_url, key)) != status:
+        if time.monotonic() - started > timeout_s:
+            pytest.fail(f"{d.base_url}: still {got}, not {status}, {timeout_s} s on")
+        time.sleep(0.02)
+    return time.monotonic() - started
 
 
 def wait_until(pred: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

@@ -145,6 +145,13 @@ async def cluster_mode(client: httpx.AsyncClient, d: Daemon, headers: dict[str, 
     return None
 
 
+async def all_in_mode(client: httpx.AsyncClient, replicas: ReplicaSet, mode: str) -> bool:
+    """Whether every replica of the set reports ``mode`` (asked of all at once, with the admin key)."""
+    admin = replicas.headers()
+    found = await asyncio.gather(*(cluster_mode(client, d, admin) for d in replicas.daemons))
+    return list(found) == [mode] * len(replicas.daemons)
+
+
 async def until(pred: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30.0) -> float:
     """Seconds until ``pred()`` holds, asked every 50 ms; the test fails after ``timeout_s``."""
     started = time.monotonic()

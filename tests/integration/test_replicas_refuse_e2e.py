@@ -13,7 +13,6 @@ log line per switch on each replica.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +25,8 @@ from tests.integration.replica_set import (
     REPLICAS,
     Load,
     ReplicaSet,
+    all_in_mode,
     chat,
-    cluster_mode,
     log_messages,
     replica_set,
     until,
@@ -58,19 +57,17 @@ async def test_redis_killed_under_load_three_refusing_replicas_answer_503_with_r
     access_before = len(nginx.access_log())
     async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
 
-        async def modes(mode: str) -> bool:
-            found = await asyncio.gather(*(cluster_mode(client, d, admin) for d in replicas.daemons))
-            return list(found) == [mode] * REPLICAS
-
         def logged(count: int) -> bool:
             return len(nginx.access_log()) >= access_before + count
 
-        assert await modes("cluster")
+        assert await all_in_mode(client, replicas, "cluster")
         async with Load(client, replicas.chat_url, admin, chat(8), clients=6) as load:
             await until(lambda: len(load.answers) >= 6, "the load to run")
             replicas.redis.kill()
             load.phase = "down"
-            noticed = await until(lambda: modes("refuse"), "all three replicas to report refuse")
+            noticed = await until(
+                lambda: all_in_mode(client, replicas, "refuse"), "all three replicas to report refuse"
+            )
             # The outage alone: once the requests sent before the kill have their answers, and with none on
             # its way, what comes next in nginx's access log is the outage's (one line per request).
             await until(lambda: not load.pending["before"], "the requests sent before the kill", 120)
@@ -87,7 +84,11 @@ async def test_redis_killed_under_load_three_refusing_replicas_answer_503_with_r
             replicas.redis.start()  # back, empty, on the same port
             load.phase = "back"
             load.resume()
-            resumed = await until(lambda: modes("cluster"), "cluster mode back on all three replicas", 30)
+            resumed = await until(
+                lambda: all_in_mode(client, replicas, "cluster"),
+                "cluster mode back on all three replicas",
+                30,
+            )
             load.phase = "resumed"
             await until(lambda: len(load.answered(sent="resumed")) >= 6, "requests served again", 120)
     statuses = Counter((a.sent, a.status) for a in load.answers)

@@ -37,15 +37,15 @@ import pytest
 from redis.asyncio import Redis
 
 from supervisor.bench.postgres import Postgres
-from tests.integration.conftest import Daemon, process_gone
+from tests.integration.conftest import key_status, process_gone, until_key_status
 from tests.integration.replica_set import (
     BUDGET,
     REPLICAS,
     TTL_S,
     Load,
     ReplicaSet,
+    all_in_mode,
     chat,
-    cluster_mode,
     in_flight,
     lease_key,
     leases,
@@ -141,27 +141,6 @@ async def test_a_tokens_per_minute_budget_holds_across_three_replicas(replicas: 
     assert all(r.answers == ["429"] * REPLICAS for r in records if r.status == 429), records
 
 
-def models_status(d: Daemon, key: str) -> int:
-    """``GET /v1/models`` with ``key``: authenticated like every inference route and answered by the proxy
-    itself (no slot), so its status shows at once whether the key is in force on that replica."""
-    return models_status_at(d.base_url, key)
-
-
-def models_status_at(base_url: str, key: str) -> int:
-    r = httpx.get(base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
-    return r.status_code
-
-
-def until_status(d: Daemon, key: str, status: int, timeout_s: float = 30.0) -> float:
-    """Seconds until ``key`` gets ``status`` on ``d``, asked again and again, or the test fails."""
-    started = time.monotonic()
-    while (got := models_status(d, key)) != status:
-        if time.monotonic() - started > timeout_s:
-            pytest.fail(f"{d.base_url}: still {got}, not {status}, {timeout_s} s on")
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def test_a_key_revoked_through_replica_one_gets_401_from_replicas_two_and_three(replicas: ReplicaSet) -> None:
     one, *others = replicas.daemons
     admin = replicas.headers()
@@ -170,14 +149,14 @@ def test_a_key_revoked_through_replica_one_gets_401_from_replicas_two_and_three(
     )
     assert made.status_code == 201, made.text
     key, key_id = made.json()["key"], made.json()["id"]
-    seen = [until_status(d, key, 200) for d in others]  # made on replica 1, in force on 2 and 3
+    seen = [until_key_status(d, key, 200) for d in others]  # made on replica 1, in force on 2 and 3
     revoked = httpx.delete(f"{one.base_url}/admin/keys/{key_id}", headers=admin, timeout=30)
     assert revoked.status_code == 200 and revoked.json()["status"] == "revoked", revoked.text
     started = time.monotonic()
-    assert models_status(one, key) == 401  # the replica that revoked it: at once
+    assert key_status(one.base_url, key) == 401  # the replica that revoked it: at once
     gone = []
     for d in others:  # each delay counted from the DELETE's answer
-        until_status(d, key, 401)
+        until_key_status(d, key, 401)
         gone.append(time.monotonic() - started)
     print(
         "made on replica 1, in force on 2 and 3 after "
@@ -187,7 +166,7 @@ def test_a_key_revoked_through_replica_one_gets_401_from_replicas_two_and_three(
         + " s from the DELETE's answer"
     )
     # And through nginx, whichever replica it picks.
-    through_nginx = [models_status_at(replicas.nginx.url, key) for _ in range(REPLICAS)]
+    through_nginx = [key_status(replicas.nginx.url, key) for _ in range(REPLICAS)]
     assert through_nginx == [401] * REPLICAS
 
 
@@ -200,19 +179,16 @@ async def test_redis_killed_under_load_the_three_go_on_under_local_limits_and_re
     back_before = [len(log_messages(d, "Redis answers again")) for d in replicas.daemons]
     outage: list[list[int]] = []  # in flight on each replica while only the local limits are in force
     async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
-
-        async def modes(mode: str) -> bool:
-            found = await asyncio.gather(*(cluster_mode(client, d, admin) for d in replicas.daemons))
-            return list(found) == [mode] * REPLICAS
-
-        assert await modes("cluster")
+        assert await all_in_mode(client, replicas, "cluster")
         # 6 clients through nginx (least_conn): every replica has some of them, so every replica meets the
         # dead Redis at its next call (a waiter's next ask, a renewal, a release).
         async with Load(client, replicas.chat_url, admin, chat(8), clients=6) as load:
             await until(lambda: len(load.answers) >= 6, "the load to run")
             replicas.redis.kill()
             load.phase = "down"
-            noticed = await until(lambda: modes("local"), "all three replicas to report local")
+            noticed = await until(
+                lambda: all_in_mode(client, replicas, "local"), "all three replicas to report local"
+            )
             # Once the requests admitted under the shared limits before the kill have ended, only the
             # fallback's run: each replica allows the tenant max(1, 2 // 3) = 1 by itself.
             await until(lambda: not load.pending["before"], "the requests sent before the kill", 120)
@@ -228,7 +204,11 @@ async def test_redis_killed_under_load_the_three_go_on_under_local_limits_and_re
             await until(served_through_the_outage, "requests answered while Redis is down", 120)
             replicas.redis.start()  # back, empty, on the same port
             load.phase = "back"
-            resumed = await until(lambda: modes("cluster"), "cluster mode back on all three replicas", 30)
+            resumed = await until(
+                lambda: all_in_mode(client, replicas, "cluster"),
+                "cluster mode back on all three replicas",
+                30,
+            )
             load.phase = "resumed"
             await until(
                 lambda: len(load.answered(sent="resumed")) >= 6, "requests under shared limits again", 120

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import Daemon, DaemonFactory
+from tests.integration.conftest import Daemon, DaemonFactory, until_key_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("initdb", "postgres")]
 
@@ -54,22 +54,6 @@ def llamagate(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def models(d: Daemon, key: str) -> int:
-    """``GET /v1/models`` with ``key``: authenticated like every inference route, answered by the proxy
-    itself (no slot, no generation), so its status shows at once whether the key is in force."""
-    response = httpx.get(d.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30)
-    return response.status_code
-
-
-def until_status(d: Daemon, key: str, status: int, timeout_s: float = 10.0) -> float:
-    """Seconds until ``key`` gets ``status`` on ``d``, asked again and again."""
-    started = time.monotonic()
-    while (got := models(d, key)) != status:
-        if time.monotonic() - started > timeout_s:
-            pytest.fail(f"{d.base_url}: still {got}, not {status}, {timeout_s} s on")
-    return time.monotonic() - started
-
-
 def test_keys_made_and_revoked_through_one_replica_are_in_force_on_the_other(
     daemon_factory: DaemonFactory, postgres_url: str
 ) -> None:
@@ -81,13 +65,13 @@ def test_keys_made_and_revoked_through_one_replica_are_in_force_on_the_other(
     made = admin(two, "POST", "/admin/keys", json={"tenant": "default", "name": "shared"})
     assert made.status_code == 201, made.text
     key, key_id = made.json()["key"], made.json()["id"]
-    seen_s = until_status(one, key, 200)  # made on two, in force on one
+    seen_s = until_key_status(one, key, 200, timeout_s=10.0)  # made on two, in force on one
     assert chat(one, key) == 200 and chat(two, key) == 200
 
     revoked = admin(one, "DELETE", f"/admin/keys/{key_id}")
     assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
     assert chat(one, key) == 401  # the replica that revoked it: at once
-    gone_s = until_status(two, key, 401)  # the other: within its next poll
+    gone_s = until_key_status(two, key, 401, timeout_s=10.0)  # the other: within its next poll
     assert chat(two, key) == 401
     print(
         f"made on replica 2, in force on 1 after {seen_s:.3f} s; revoked on 1, 401 on 2 after {gone_s:.3f} s"
