@@ -7,16 +7,12 @@ import argparse
 import os
 
 from supervisor.commands.config import add_config_argument
-from supervisor.commands.status import KEY_ENV, URL_ENV, default_url, normalize_url
+from supervisor.commands.status import KEY_ENV, add_url_argument, default_url, normalize_url
 from supervisor.errors import UsageError
 
 
 def add_admin_arguments(parser: argparse.ArgumentParser, timeout_s: float) -> None:
-    parser.add_argument(
-        "--url",
-        help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
-        "--config, else 127.0.0.1:8080)",
-    )
+    add_url_argument(parser)
     add_config_argument(parser)
     parser.add_argument("--key", help=f"admin key (default ${KEY_ENV})")
     parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds for the request")

@@ -18,15 +18,20 @@ URL_ENV = "LLAMAGATE_URL"
 KEY_ENV = "LLAMAGATE_ADMIN_KEY"
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "status", help="readiness and identity of a running daemon (exit 0 ready, 1 not ready, 2 unreachable)"
-    )
+def add_url_argument(parser: argparse.ArgumentParser) -> None:
+    """``--url``, as every command that calls a running daemon takes it (``default_url`` resolves it)."""
     parser.add_argument(
         "--url",
         help=f"daemon URL, e.g. http://127.0.0.1:8080 (default ${URL_ENV}, else proxy.host/port of "
         "--config, else 127.0.0.1:8080)",
     )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "status", help="readiness and identity of a running daemon (exit 0 ready, 1 not ready, 2 unreachable)"
+    )
+    add_url_argument(parser)
     add_config_argument(parser)
     parser.add_argument("--key", help=f"admin key, to show the identity (default ${KEY_ENV})")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
