@@ -1,7 +1,8 @@
 """A stand-in for the requests API of issue 26 in front of a proxy app, for the page's browser test:
 ``GET /admin/requests`` -> ``{"requests": [...]}`` and ``DELETE /admin/requests/{id}`` (``200``, or
-``404`` for an unknown id), admin key only, everything else passed to the app. The real routes are
-another branch's; this follows their contract so the page can be driven before they are merged."""
+``404`` for an unknown id), admin key only, everything else passed to the app. It follows the real
+routes' contract (``proxy.routes.requests``) with rows the test scripts, so the page's table and its
+Cancel can be driven on cue without real requests in flight."""
 
 from __future__ import annotations
 

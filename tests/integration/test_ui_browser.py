@@ -457,7 +457,7 @@ def proxy_in_thread(
 ) -> Iterator[str]:
     """The proxy app on a real port in a thread of its own (the browser test itself is synchronous);
     with ``models``, a several-model proxy routing to them, as the daemon sets it up; ``wrap``: a fake
-    put in front of the app (routes another branch serves)."""
+    put in front of the app (a stand-in whose answers the test scripts)."""
     app: ASGIApp = create_app(settings, source, models or one_model(source))
     if wrap is not None:
         app = wrap(app)
@@ -645,7 +645,8 @@ def test_load_progress_buttons_refusals_and_requests_with_a_fake_several_model_p
 ) -> None:
     """The model buttons, the load bar on cue (every step, with and without an estimate), a refusal
     shown with its reason, and the requests table with Cancel against a stand-in of GET/DELETE
-    /admin/requests (the real routes are another branch's)."""
+    /admin/requests that lists rows on cue (the real routes are driven by the test against the real
+    daemon below)."""
     admin_key, entry = new_key("default", frozenset({"admin", "inference"}))
     settings = ProxySettings(tenants=(TenantSettings("default"),), keys=(entry,))
     chat = StaticSource(snapshot_for(None, None, slots=1, model_alias="chat"))
@@ -995,8 +996,8 @@ def test_unload_load_with_progress_and_charts_from_real_traffic_in_chromium(
 def test_cancel_a_running_request_from_the_page_against_the_real_daemon(
     daemon_factory: DaemonFactory, browser: Any, screenshots: Path
 ) -> None:
-    """Needs GET/DELETE /admin/requests (issue 26, item 1; another branch): until they are merged this
-    test fails at its first assertion, naming the missing route. A long streamed answer shows in the
+    """The real GET/DELETE /admin/requests (issue 26, item 1; without them this test fails at its
+    first assertion, naming the missing route). A long streamed answer shows in the
     requests table as running; its Cancel button stops it: the client's stream ends with an error event
     saying it was cancelled (no [DONE]), its slot is free again on /slots, and its row goes away."""
     d = daemon_factory({})
