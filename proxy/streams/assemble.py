@@ -131,7 +131,11 @@ class Assembler:
         if not isinstance(raw, dict):
             return
         index = raw.get("index", 0)
-        choice = self._choices.setdefault(index if isinstance(index, int) else 0, _Choice())
+        if not isinstance(index, int):
+            index = 0
+        choice = self._choices.get(index)
+        if choice is None:  # not ``setdefault(index, _Choice())``: that builds one per event, not per choice
+            choice = self._choices[index] = _Choice()
         if raw.get("finish_reason") is not None:
             choice.finish_reason = raw["finish_reason"]
         logprobs = raw.get("logprobs")
