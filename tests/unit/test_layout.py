@@ -196,9 +196,7 @@ def test_readmes_layout_block_names_every_folder(package: str) -> None:
     """The README's layout block is where a newcomer learns the folders: a folder it leaves out is one
     they meet unexplained (``proxy/cluster/`` was, for a while)."""
     readme = (REPO / "README.md").read_text()
-    folders = sorted(
-        p.parent.name for p in (REPO / package).glob("*/__init__.py") if p.parent.name != "__pycache__"
-    )
+    folders = sorted(p.parent.name for p in (REPO / package).glob("*/__init__.py"))
     assert folders
     missing = [f for f in folders if f"\n  {f}/ " not in readme]
     assert not missing, f"README's layout block does not name {package}/'s folders {missing}"
