@@ -16,10 +16,11 @@ Same schema, same migration files, same statements as the SQLite engine (``sqlba
   connection held in session mode (a transaction-mode PgBouncer drops it), and a notification missed
   while that connection was down must be made up by a read anyway, which is the poll again.
 - **The server may go away and come back.** Each call checks its connection and reconnects when it is
-  closed or broken; a call that fails raises ``StoreError`` naming the URL (without its password), which
-  the admin routes answer as 503 ``store_unavailable``, the writer retries, and the key view survives
-  (it keeps the keys it has). ``connect_timeout`` (5 s) bounds how long an unreachable server holds a
-  call: the start fails in seconds, never hangs.
+  closed or broken; a read that finds its connection dead is tried once more on a new one (a write is
+  not: it may have been committed); a call that fails raises ``StoreError`` naming the URL (without
+  its password), which the admin routes answer as 503 ``store_unavailable``, the writer retries, and
+  the key view survives (it keeps the keys it has). ``connect_timeout`` (5 s) bounds how long an
+  unreachable server holds a call: the start fails in seconds, never hangs.
 
 Budget windows: each replica counts its own in memory and writes the amounts it counted; on a shared
 database the rows are the last writer's. Limits shared across replicas are ``cluster.redis_url``'s job.
@@ -158,13 +159,29 @@ class PostgresStore(SqlStore):
 
     def _read(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            conn = self._writer()
+            return self._read_on("_conn", doing, sql, args)
+
+    def _read_on(self, which: str, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A read on the connection ``which`` (under its lock). One that the read finds dead (the
+        database ended the session: a restart, a failover, ``pg_terminate_backend``) is made again and
+        the read tried once more: a read may be repeated, and its caller (the key view, an admin change
+        that has just been committed, a report) should not fail for a session that a new connection
+        replaces at once. A query that fails on a live connection, or twice, raises ``StoreError``."""
+        for last in (False, True):
+            conn = getattr(self, which)
+            if not self._usable(conn):
+                self._drop(which)
+                conn = self.connect()
+                setattr(self, which, conn)
             try:
                 return list(_Conn(conn).execute(sql, args).fetchall())
             except psycopg.Error as exc:
-                if not self._usable(conn):
-                    self._drop("_conn")
-                raise self._error(doing, exc) from exc
+                alive = self._usable(conn)
+                if not alive:
+                    self._drop(which)
+                if alive or last:
+                    raise self._error(doing, exc) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _is_duplicate(self, exc: StoreError) -> bool:
         return isinstance(exc.__cause__, errors.UniqueViolation)
@@ -173,16 +190,7 @@ class PostgresStore(SqlStore):
 
     def _poll(self, doing: str, sql: str) -> list[tuple[Any, ...]]:
         with self._read_lock:
-            if not self._usable(self._poller):
-                self._drop("_poller")
-                self._poller = self.connect()
-            assert self._poller is not None
-            try:
-                return list(self._poller.execute(sql).fetchall())
-            except psycopg.Error as exc:
-                if not self._usable(self._poller):
-                    self._drop("_poller")
-                raise self._error(doing, exc) from exc
+            return self._read_on("_poller", doing, sql)
 
     def key_marker(self) -> int:
         """The keys' change counter: one primary-key lookup (see the module docstring for why a poll)."""

@@ -5,7 +5,9 @@ usage ledger's sums. Admin keys only (the rows' ``access`` in ``proxy.routes.tab
 digest), ``GET /admin/keys`` lists them (never a digest), ``DELETE /admin/keys/{id}`` revokes one,
 ``GET /admin/usage`` answers what ``llamagate usage --format json`` prints, with the same filters as
 query parameters (``tenant``, ``key``, ``since``, ``by``). A change is in force at once: the key view is
-read again right after the write (other writers, ``llamagate keys``, are seen within a poll).
+read again right after the write (other writers, ``llamagate keys``, are seen within a poll). A write
+that was committed is answered as made even if that read fails (a connection the database ended): the
+view's poll brings the change within its interval, and a 503 would have the client make it twice.
 
 Every store call runs on a worker thread (``asyncio.to_thread``): a slow disk must not stall the loop
 that relays tokens. Without a store these routes answer 404 saying how to configure one.
@@ -14,6 +16,7 @@ that relays tokens. Without a store these routes answer 404 saying how to config
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from typing import Any
@@ -35,6 +38,8 @@ from proxy.settings import BudgetSettings
 from proxy.settings import Scope as KeyScope
 from proxy.state import ProxyState
 
+log = logging.getLogger("llamagate.accounts")
+
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 _NEW_FIELDS = frozenset({"tenant", "scopes", "admin", "expires", "models", "name", "budgets"})
 _SCOPES: frozenset[KeyScope] = frozenset({"inference", "admin"})
@@ -45,6 +50,14 @@ def _accounts(state: ProxyState) -> Accounts:
     if state.accounts is None:
         raise NotFound("no accounts store here: add 'store: {}' to the configuration (configuration.md)")
     return state.accounts
+
+
+def _refresh_after_write(accounts: Accounts) -> None:
+    """The key view read again after a committed write; a failure is not the write's (see above)."""
+    try:
+        accounts.view.refresh()
+    except StoreError as exc:
+        log.warning("key store: a change was written; it comes into force at the next poll (%s)", exc)
 
 
 async def _in_thread(call: Any, *args: Any) -> Any:
@@ -91,7 +104,7 @@ class AdminKeys:
 
         def add() -> None:
             accounts.store.add_key(record)
-            accounts.view.refresh()  # in force for the next request, not the next poll
+            _refresh_after_write(accounts)  # in force for the next request, not the next poll
 
         await _in_thread(add)
         await send_json(send, 201, {"key": key, **key_row(record, now)})
@@ -183,7 +196,7 @@ class AdminKey:
 
         def revoke() -> KeyRecord | None:
             record = accounts.store.revoke_key(key_id, now)
-            accounts.view.refresh()
+            _refresh_after_write(accounts)
             return record
 
         record: KeyRecord | None = await _in_thread(revoke)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,7 +22,7 @@ from proxy.accounts.postgres import open_postgres
 from proxy.accounts.records import UsageRecord
 from proxy.accounts.service import Accounts
 from proxy.accounts.sqlite import open_store
-from proxy.accounts.store import Store
+from proxy.accounts.store import Store, StoreError
 from proxy.models.lane import ModelEntry
 from proxy.settings import BudgetSettings, Scope, TenantSettings
 from supervisor.bench.postgres import Postgres
@@ -329,6 +330,34 @@ async def test_admin_routes_make_list_and_revoke_keys_in_force_at_once(served: S
             gone = await admin.delete(f"/admin/keys/{new['id']}")
             assert gone.status_code == 200 and gone.json()["status"] == "revoked"
             assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 401
+
+
+async def test_a_written_key_is_201_even_when_reading_the_keys_again_fails(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key view is read again right after the write; when that read fails (a session the database
+    ended), the write still happened: a 503 would make the client make the key twice. The view's poll
+    brings it in force."""
+    async with served() as (p, accounts), p.client("admin") as admin:
+        poll = accounts.view.refresh
+
+        def refresh_failing_off_the_poll() -> bool:
+            if threading.current_thread().name != "llamagate-keyview":
+                raise StoreError("the database ended the session")
+            return poll()
+
+        monkeypatch.setattr(accounts.view, "refresh", refresh_failing_off_the_poll)
+        made = await admin.post("/admin/keys", json={"tenant": "team"})
+        assert made.status_code == 201, made.text
+        new = made.json()
+        assert accounts.store.get_key(new["id"]) is not None
+        async with httpx.AsyncClient(base_url=p.url, timeout=30, headers=bearer(new["key"])) as c:
+            deadline = time.monotonic() + 10
+            while (await c.post("/v1/chat/completions", json=CHAT)).status_code != 200:
+                assert time.monotonic() < deadline, "the key never came into force through the poll"
+                await asyncio.sleep(0.05)
+        gone = await admin.delete(f"/admin/keys/{new['id']}")
+        assert gone.status_code == 200 and gone.json()["status"] == "revoked"
 
 
 async def test_admin_key_routes_refuse_bad_input_by_name(served: Served) -> None:
