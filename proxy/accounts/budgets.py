@@ -24,8 +24,11 @@ request at a time (an unknown request could be of any size), so the request path
 
 Requests are counted when admitted, so ``requests_per_minute`` holds exactly (no overshoot). Windows
 are kept for every tenant and key, budget or not, so a budget added by a reload or an admin change
-starts from the real recent usage; a changed limit keeps the counts. The writer persists changed
-window entries with each batch (``take_dirty``); a restart restores them (``restore``).
+starts from the real recent usage; a changed limit keeps the counts. A subject without any budget has
+nothing to check, so the request path only queues its charges (a time and an amount in an array), and
+they are added to its windows in batches (``_settle``: by the writer, before a plan is built and before
+any read), under the same lock: no reader sees a window without them. The writer persists the window
+groups charged since its last batch (``take_dirty``); a restart restores them (``restore``).
 
 Thread model: ``check``, ``charge``, ``release`` and ``headers`` are called on the request path (the
 event loop); ``take_dirty`` by the writer thread. One lock guards the state; nothing under it blocks.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import math
 import threading
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -54,6 +58,8 @@ _TOKENS: tuple[BudgetName, ...] = ("tokens_per_minute", "tokens_per_day")
 # in progress, so a second is a fair guess, and the SDKs retry on their own.
 IN_FLIGHT_RETRY_S = 1.0
 _PLAN_CACHE = 10_000
+# Charges queued for the windows of subjects without a budget are settled at least this often.
+_SETTLE_AT = 1024
 _NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
 
 WindowId = tuple[Subject, str, BudgetName]
@@ -134,19 +140,25 @@ _HEADER_NAMES = {
 
 _HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
 _TOKEN_LINES, _REQUEST_LINES = _HEADER_LINES["tokens"], _HEADER_LINES["requests"]
-_DURATION_BYTES: dict[int, bytes] = {}
-_LIMIT_BYTES: dict[int, bytes] = {}
+# Header lines made once and handed to every answer that shows the same figure: per limit, and per reset
+# by the millisecond (answers a moment apart share their resets). Each a bound, not an eviction policy.
+_LIMIT_LINES: dict[tuple[bytes, int], tuple[bytes, bytes]] = {}
+_RESET_LINES: dict[tuple[bytes, int], tuple[bytes, bytes]] = {}
+_LINES_CACHE = 10_000
 
 
-def _duration(seconds: float) -> bytes:
-    """``openai_duration``, remembered by the millisecond (answers a moment apart share their resets)."""
-    ms = max(0, math.ceil(seconds * 1000))
-    text = _DURATION_BYTES.get(ms)
-    if text is None:
-        if len(_DURATION_BYTES) >= 10_000:
-            _DURATION_BYTES.clear()
-        text = _DURATION_BYTES[ms] = openai_duration(ms / 1000).encode()
-    return text
+def _limit_line(name: bytes, limit: int) -> tuple[bytes, bytes]:
+    if len(_LIMIT_LINES) >= _LINES_CACHE:
+        _LIMIT_LINES.clear()
+    line = _LIMIT_LINES[(name, limit)] = (name, b"%d" % limit)
+    return line
+
+
+def _reset_line(name: bytes, ms: int) -> tuple[bytes, bytes]:
+    if len(_RESET_LINES) >= _LINES_CACHE:
+        _RESET_LINES.clear()
+    line = _RESET_LINES[(name, ms)] = (name, openai_duration(ms / 1000).encode())
+    return line
 
 
 def openai_duration(seconds: float) -> str:
@@ -173,10 +185,33 @@ class _Plan:
     key_budgets: BudgetSettings | None
     # (window id, window, limit, its holds: None for requests_per_minute, which holds nothing)
     limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...]
-    requests: tuple[tuple[WindowId, Window], ...]
-    tokens: tuple[tuple[WindowId, Window], ...]
+    # The windows charged: a request's at admission, its tokens at the end (of the subjects that have a
+    # budget: nothing else reads them while a request runs).
+    requests: tuple[Window, ...]
+    tokens: tuple[Window, ...]
     # The headers name the kind of the first budget in ``limits`` first.
     tokens_first: bool = True
+    # The windows of a subject without any budget, kept so that a budget it is given later starts from
+    # its real recent usage: charged in batches (``Budgets._settle``), from the times and amounts queued
+    # here on the request path, before anything reads them and under the same lock, so a count is late
+    # for no reader.
+    later_requests: tuple[Window, ...] = ()
+    later_tokens: tuple[Window, ...] = ()
+    queued_requests: array[float] = field(default_factory=lambda: array("d"))
+    queued_at: array[float] = field(default_factory=lambda: array("d"))
+    queued_tokens: array[float] = field(default_factory=lambda: array("d"))
+    queued: bool = False  # in ``Budgets._queued``
+
+    def settle(self) -> None:
+        """Under the lock: charge what is queued into the windows of the subjects without a budget."""
+        for window in self.later_requests:
+            for at in self.queued_requests:
+                window.add(at, 1)
+        for window in self.later_tokens:
+            for at, tokens in zip(self.queued_at, self.queued_tokens, strict=True):
+                window.add(at, int(tokens))
+        del self.queued_requests[:], self.queued_at[:], self.queued_tokens[:]
+        self.queued = False
 
 
 @dataclass
@@ -187,12 +222,21 @@ class Budgets:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _windows: dict[WindowId, Window] = field(default_factory=dict, repr=False)
     _holds: dict[WindowId, _Holds] = field(default_factory=dict, repr=False)
-    _dirty: dict[tuple[WindowId, float], None] = field(default_factory=dict, repr=False)  # (window, group)
     _unsaved: dict[tuple[WindowId, float], WindowEntry] = field(default_factory=dict, repr=False)
     # Every request asks for its caller's windows: found once per caller, not per request. A sweep that
     # drops windows, a restore and a reload make them be found again (``_generation``).
     _plans: dict[tuple[str, str], _Plan] = field(default_factory=dict, repr=False)
     _generation: int = 0
+    # Plans with charges queued for the windows of subjects without a budget (``_Plan.later_*``).
+    _queued: list[_Plan] = field(default_factory=list, repr=False)
+
+    def _settle(self) -> None:
+        """Under the lock: every queued charge into its window. Before anything reads those windows (a
+        plan is built, ``used``, the writer's ``take_dirty``), and when a queue grows long (a daemon
+        without a store has no writer)."""
+        for plan in self._queued:
+            plan.settle()
+        self._queued.clear()
 
     def configure(self, tenants: Mapping[str, BudgetSettings]) -> None:
         """New limits (a reload); the windows, their counts and the holds stay."""
@@ -222,6 +266,7 @@ class Budgets:
             and (plan.key_budgets is key_budgets or plan.key_budgets == key_budgets)
         ):
             return plan
+        self._settle()  # a budget given now counts what was queued for its windows too
         limits: list[tuple[WindowId, Window, int, _Holds | None]] = []
         subjects: tuple[tuple[Subject, str, BudgetSettings | None], ...] = (
             ("tenant", tenant, self.tenants.get(tenant)),
@@ -237,31 +282,28 @@ class Budgets:
                     holds = None if budget == "requests_per_minute" else self._holds_of(wid)
                     limits.append((wid, self._window(wid), limit, holds))
 
-        def windows(budgets: Iterable[BudgetName]) -> tuple[tuple[WindowId, Window], ...]:
+        limited = {wid[:2] for wid, _, _, _ in limits}  # the subjects with a budget
+
+        def windows(budgets: Iterable[BudgetName], now: bool) -> tuple[Window, ...]:
             subjects: tuple[tuple[Subject, str], ...] = (("tenant", tenant), ("key", key_id))
-            return tuple((w, self._window(w)) for b in budgets for w in ((s, n, b) for s, n in subjects))
+            return tuple(
+                self._window((s, n, b)) for b in budgets for s, n in subjects if ((s, n) in limited) == now
+            )
 
         plan = _Plan(
             self._generation,
             key_budgets,
             tuple(limits),
-            windows(("requests_per_minute",)),
-            windows(_TOKENS),
+            windows(("requests_per_minute",), True),
+            windows(_TOKENS, True),
             tokens_first=bool(limits) and limits[0][3] is not None,
+            later_requests=windows(("requests_per_minute",), False),
+            later_tokens=windows(_TOKENS, False),
         )
         if len(self._plans) >= _PLAN_CACHE:
             self._plans = {}  # keys come and go: a bound, not an eviction policy
         self._plans[(tenant, key_id)] = plan
         return plan
-
-    def _add(self, windows: tuple[tuple[WindowId, Window], ...], amount: int, now: float) -> None:
-        """Under the lock: charge ``amount`` into each window; a group changed since the last batch is
-        marked for the writer once, not at every charge."""
-        for wid, window in windows:
-            group = window.add(now, amount)
-            if window.marked != group:
-                window.marked = group
-                self._dirty[(wid, group)] = None
 
     def check(
         self,
@@ -278,7 +320,8 @@ class Budgets:
         with self._lock:
             plan = self._plan(tenant, key_id, key_budgets)
             if not plan.limits:  # no budget at all: counted, nothing to check
-                self._add(plan.requests, 1, now)
+                self._queue_request(plan, now)
+                ticket.plan = plan
                 return ticket
             holds: list[tuple[_Holds, bool]] = []
             refusal: Refusal | None = None
@@ -287,7 +330,7 @@ class Budgets:
             requests: _Pick | None = None
             tokens: _Pick | None = None
             for wid, window, limit, h in plan.limits:
-                used = window.used(now)
+                used = window.total if now < window.horizon else window.used(now)
                 if h is None:  # requests_per_minute
                     if used >= limit:
                         after = window.wait_below(now, limit) or 0.0
@@ -322,11 +365,24 @@ class Budgets:
                     h.overshooter = ticket
                 else:
                     h.held += reserve or 0
-            self._add(plan.requests, 1, now)
+            for window in plan.requests:
+                window.add(now, 1)
+            if plan.later_requests:
+                self._queue_request(plan, now)
             ticket.headers = _lines(plan.tokens_first, tokens, requests, now)
             ticket.plan = plan
         ticket.holds = tuple(holds)
         return ticket
+
+    def _queue_request(self, plan: _Plan, now: float) -> None:
+        """Under the lock: an admitted request, for the windows of its subjects without a budget."""
+        queue = plan.queued_requests
+        queue.append(now)
+        if not plan.queued:
+            plan.queued = True
+            self._queued.append(plan)
+        elif len(queue) >= _SETTLE_AT:
+            self._settle()
 
     def charge(self, ticket: Ticket, tokens: int, now: float) -> None:
         """The request's real usage (prompt plus completion tokens; 0 if it produced none). Frees its
@@ -345,7 +401,14 @@ class Budgets:
                 plan = ticket.plan
                 if plan is None or plan.generation != self._generation:
                     plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
-                self._add(plan.tokens, tokens, now)
+                for window in plan.tokens:
+                    window.add(now, tokens)
+                if plan.later_tokens:
+                    plan.queued_at.append(now)
+                    plan.queued_tokens.append(tokens)
+                    if not plan.queued:
+                        plan.queued = True
+                        self._queued.append(plan)
 
     def release(self, ticket: Ticket, now: float) -> None:
         """A request that ended with no usage at all (refused later, timed out in the queue)."""
@@ -386,6 +449,7 @@ class Budgets:
     def used(self, subject: Subject, name: str, budget: BudgetName, now: float) -> int:
         """What a window counts now (the status page, tests)."""
         with self._lock:
+            self._settle()
             window = self._windows.get((subject, name, budget))
             return window.used(now) if window is not None else 0
 
@@ -403,16 +467,14 @@ class Budgets:
         """The window groups changed since the last call (one row each, with its current amount), and
         those a failed write left; and a sweep of windows left empty (keys and tenants gone quiet)."""
         with self._lock:
+            self._settle()
             out = dict(self._unsaved)
             self._unsaved.clear()
-            for wid, group in self._dirty:
-                window = self._windows.get(wid)
-                if window is not None:
-                    window.marked = None  # its next charge marks it again
-                row = window.persisted(group) if window is not None else None
-                if row is not None and row[1] > now:
-                    out[(wid, group)] = WindowEntry(wid[0], wid[1], wid[2], group, row[0], row[1])
-            self._dirty.clear()
+            for wid, window in self._windows.items():
+                if window.changed:
+                    for group, amount, expires in window.changed_groups():
+                        if expires > now:
+                            out[(wid, group)] = WindowEntry(wid[0], wid[1], wid[2], group, amount, expires)
             for wid in [w for w, window in self._windows.items() if not window.used(now)]:
                 h = self._holds.get(wid)
                 if h is None or (h.held <= 0 and h.overshooter is None):
@@ -431,26 +493,22 @@ class Budgets:
 def _lines(
     tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float
 ) -> tuple[tuple[bytes, bytes], ...]:
-    """The header lines of the picked budgets, of the kind whose budget comes first first."""
-    if tokens_first:
-        return _kind_lines(_TOKEN_LINES, tokens, now) + _kind_lines(_REQUEST_LINES, requests, now)
-    return _kind_lines(_REQUEST_LINES, requests, now) + _kind_lines(_TOKEN_LINES, tokens, now)
-
-
-def _kind_lines(names: tuple[bytes, ...], pick: _Pick | None, now: float) -> tuple[tuple[bytes, bytes], ...]:
-    if pick is None:
-        return _NO_LINES
-    remaining, limit, window = pick
-    limit_text = _LIMIT_BYTES.get(limit)
-    if limit_text is None:  # a handful of limits, each formatted once (not at every answer)
-        if len(_LIMIT_BYTES) >= 10_000:
-            _LIMIT_BYTES.clear()
-        limit_text = _LIMIT_BYTES[limit] = b"%d" % limit
-    return (
-        (names[0], limit_text),
-        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
-        (names[2], _duration(window.reset_in(now))),
-    )
+    """The header lines of the picked budgets, of the kind whose budget comes first first. Once per
+    answer: written out, with the lines that repeat looked up instead of made."""
+    lines: tuple[tuple[bytes, bytes], ...] = _NO_LINES
+    for names, pick in ((_TOKEN_LINES, tokens), (_REQUEST_LINES, requests)):
+        if pick is None:
+            continue
+        remaining, limit, window = pick
+        limit_name, remaining_name, reset_name = names
+        ms = math.ceil(window.reset_in(now) * 1000)
+        kind = (
+            _LIMIT_LINES.get((limit_name, limit)) or _limit_line(limit_name, limit),
+            (remaining_name, b"%d" % remaining if remaining > 0 else b"0"),
+            _RESET_LINES.get((reset_name, ms)) or _reset_line(reset_name, ms),
+        )
+        lines = lines + kind if tokens_first else kind + lines  # tokens come first in the loop
+    return lines
 
 
 def _longest(current: Refusal | None, new: Refusal) -> Refusal:

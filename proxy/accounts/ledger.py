@@ -48,17 +48,19 @@ class Ledger:
         self.batch_ready = threading.Event()
 
     def charge(self, record: UsageRecord) -> None:
+        """On the event loop, once per request: no lock on the way of a record that fits (a deque's
+        ``append`` and the writer's ``popleft`` are atomic), the lock only to count one that does not."""
+        fresh = self._fresh
+        if len(fresh) + len(self._retry) < self.max_pending:
+            fresh.append(record)
+            if len(fresh) >= self.batch_size and not self.batch_ready.is_set():
+                # Once: until the writer takes the batch, every charge would take the event's lock.
+                self.batch_ready.set()
+            return
         with self._lock:
-            if len(self._retry) + len(self._fresh) >= self.max_pending:
-                self._dropped += 1
-                first = not self._dropping
-                self._dropping = True
-            else:
-                self._fresh.append(record)
-                first = False
-                if len(self._fresh) >= self.batch_size and not self.batch_ready.is_set():
-                    # Once: until the writer takes the batch, every charge would take the event's lock.
-                    self.batch_ready.set()
+            self._dropped += 1
+            first = not self._dropping
+            self._dropping = True
         if first:
             log.error(
                 "usage ledger: %d records wait for the store, the most it holds in memory; new ones are "

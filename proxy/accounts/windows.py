@@ -10,20 +10,23 @@ That one-sidedness is what the budgets' bound rests on (``budgets``).
 
 For the store, entries are summed per *group*: a second (width 0) or the bucket. A group is written as
 one row, however many requests it holds, with the expiry of its newest entry; read back, it becomes one
-entry counted until then: never shorter than any of its charges, so a restart keeps the bound too.
+entry counted until then: never shorter than any of its charges, so a restart keeps the bound too. The
+groups are read off the entries by the writer (``changed_groups``), so a charge does no bookkeeping for
+the store beyond one flag: ``add`` runs several times per request, on the event loop.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 
 # The dead entries at the front are dropped once they are this many and at least half of the arrays.
 _COMPACT_AT = 1024
 
 
 class Window:
-    __slots__ = ("_amounts", "_groups", "_head", "_horizon", "_keys", "_total", "marked", "span", "width")
+    __slots__ = ("_amounts", "_head", "_keys", "changed", "horizon", "span", "taken", "total", "width")
 
     def __init__(self, span: float, width: float = 0.0) -> None:
         self.span = span
@@ -36,12 +39,15 @@ class Window:
         self._keys = array("d")
         self._amounts = array("d")
         self._head = 0
-        self._groups: dict[float, list[float]] = {}  # group -> [newest entry's key, amount], oldest first
-        self._total = 0
-        # Nothing expires before this: most calls (several per request) return at this one comparison.
-        self._horizon = math.inf
-        # The group last marked changed for the store (``budgets``): marked once, not at each charge.
-        self.marked: float | None = None
+        # What the live entries sum to, and the first instant at which one of them expires: most calls
+        # (several per request) need no more than these two. Read by ``budgets`` on the request path
+        # (``total`` is current while ``now < horizon``); written only here.
+        self.total = 0
+        self.horizon = math.inf
+        # Charged since the writer last read the groups (``changed_groups``), and the newest entry's key
+        # then: the groups from that entry's on are the ones to write again.
+        self.changed = False
+        self.taken = -math.inf
 
     def __len__(self) -> int:
         return len(self._keys) - self._head
@@ -57,7 +63,7 @@ class Window:
         return key // 1.0 if self.width == 0 else key  # the second, a float
 
     def _expire(self, now: float) -> None:
-        if now < self._horizon:
+        if now < self.horizon:
             return
         keys, amounts = self._keys, self._amounts
         head, end = self._head, len(keys)
@@ -66,7 +72,7 @@ class Window:
         while head < end and keys[head] + after <= now:
             dropped += amounts[head]
             head += 1
-        self._total -= int(dropped)
+        self.total -= int(dropped)
         if head == end:
             del keys[:], amounts[:]
             head = 0
@@ -74,29 +80,26 @@ class Window:
             del keys[:head], amounts[:head]
             head = 0
         self._head = head
-        groups = self._groups
-        while groups:
-            first = next(iter(groups))
-            if self.expiry(groups[first][0]) > now:
-                break
-            del groups[first]
-        # A group's newest entry expires no earlier than the oldest entry: the entries bound it.
-        self._horizon = self.expiry(keys[head]) if head < len(keys) else math.inf
+        self.horizon = self.expiry(keys[head]) if head < len(keys) else math.inf
 
     def used(self, now: float) -> int:
-        if now >= self._horizon:
+        if now >= self.horizon:
             self._expire(now)
-        return self._total
+        return self.total
 
     def add(self, now: float, amount: int) -> float:
-        """Charge ``amount`` at ``now``; the group it went into (to persist it by). Called several
-        times per request: ``key`` and ``group`` are written out here."""
-        if now >= self._horizon:
+        """Charge ``amount`` at ``now``; the key of the entry it went into. Called several times per
+        request, on the event loop: ``key`` is written out here, and nothing else is kept per charge."""
+        horizon = self.horizon
+        if now >= horizon:
             self._expire(now)
+            horizon = self.horizon
         width = self.width
         key = now if width == 0 else (now // width) * width
         keys = self._keys
-        if len(keys) > self._head and keys[-1] >= key:
+        # Entries before ``_head`` have expired, so their keys are below ``key``: only a live newest
+        # entry can match.
+        if keys and keys[-1] >= key:
             # Same key, or the wall clock stepped back: add to the newest entry, which then counts at
             # least as long as a new one would (never shorter: the bound holds).
             key = keys[-1]
@@ -104,23 +107,42 @@ class Window:
         else:
             keys.append(key)
             self._amounts.append(amount)
-            if len(keys) - self._head == 1:
-                self._horizon = key + width + self.span
-        self._total += amount
-        group = key // 1.0 if width == 0 else key  # the second (a float, as math.floor's would be)
-        summed = self._groups.get(group)
-        if summed is None:
-            self._groups[group] = [key, amount]
-        else:
-            if key > summed[0]:
-                summed[0] = key
-            summed[1] += amount
-        return group
+            if horizon == math.inf:  # it was empty
+                self.horizon = key + width + self.span
+        self.total += amount
+        self.changed = True
+        return key
+
+    def changed_groups(self) -> list[tuple[float, int, float]]:
+        """The groups charged since the last call, as the store keeps them: (group, amount, when it stops
+        counting), oldest first; the writer's, under the budgets' lock. A group is read off the live
+        entries: ``bisect`` finds where each second (or bucket) ends, the amounts are summed in C."""
+        if not self.changed:
+            return []
+        self.changed = False
+        keys, amounts = self._keys, self._amounts
+        end = len(keys)
+        if self._head >= end:
+            return []
+        taken = self.taken
+        start = self._head if taken == -math.inf else bisect_left(keys, self.group(taken), self._head)
+        self.taken = keys[-1]
+        out: list[tuple[float, int, float]] = []
+        while start < end:
+            group = self.group(keys[start])
+            stop = bisect_left(keys, group + 1.0, start) if self.width == 0 else start + 1
+            out.append((group, int(sum(amounts[start:stop])), self.expiry(keys[stop - 1])))
+            start = stop
+        return out
 
     def persisted(self, group: float) -> tuple[int, float] | None:
         """A group as the store keeps it: (amount, when it stops counting); None once it has expired."""
-        summed = self._groups.get(group)
-        return None if summed is None else (int(summed[1]), self.expiry(summed[0]))
+        keys = self._keys
+        start = bisect_left(keys, group, self._head)
+        stop = bisect_left(keys, group + 1.0, start) if self.width == 0 else start + (start < len(keys))
+        if start >= stop or self.group(keys[start]) != group:
+            return None
+        return int(sum(self._amounts[start:stop])), self.expiry(keys[stop - 1])
 
     def restore(self, group: float, amount: int, expires: float) -> None:
         """Put back a group read from the store (oldest first, as ``load_windows`` returns them): one
@@ -132,9 +154,9 @@ class Window:
         keys.append(key)
         self._amounts.append(amount)
         if len(keys) - self._head == 1:
-            self._horizon = self.expiry(key)
-        self._groups[group] = [key, amount]
-        self._total += amount
+            self.horizon = self.expiry(key)
+        self.total += amount
+        self.taken = key  # read from the store: not a change to write back
 
     def wait_below(self, now: float, target: int) -> float | None:
         """Seconds until the window holds less than ``target`` (0: it does now); None if it never will
@@ -152,6 +174,6 @@ class Window:
         return None  # unreachable: an empty window holds 0 < target
 
     def reset_in(self, now: float) -> float:
-        """Seconds until the window is empty again."""
-        self._expire(now)
-        return self.expiry(self._keys[-1]) - now if len(self._keys) > self._head else 0.0
+        """Seconds until the window is empty again (its newest entry expires; 0 if it has)."""
+        keys = self._keys
+        return max(0.0, keys[-1] + self.width + self.span - now) if keys else 0.0

@@ -165,7 +165,8 @@ class Charge:
             ctx.request_id,
         )
         self._accounts.finish(ticket, record)
-        self._charge_shared(prompt + completion)
+        if self._shared is not None:
+            self._charge_shared(prompt + completion)
         self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)
 
     def _charge_shared(self, tokens: int) -> None:

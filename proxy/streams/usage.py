@@ -81,9 +81,13 @@ Reader = Callable[[dict[str, Any], Usage], None]
 def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
     u = obj.get("usage")
     if isinstance(u, dict):
-        usage.prompt += _int(u.get("prompt_tokens"))
-        usage.completion += _int(u.get("completion_tokens"))
-        usage.cached += _int(_dict(u.get("prompt_tokens_details")).get("cached_tokens"))
+        # ``_int`` written out: this runs once per request (a whole or assembled answer's usage).
+        prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
+        details = u.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        usage.prompt += prompt if type(prompt) is int and prompt > 0 else 0
+        usage.completion += completion if type(completion) is int and completion > 0 else 0
+        usage.cached += cached if type(cached) is int and cached > 0 else 0
         usage.reported = True
         return
     timings = obj.get("timings")
@@ -160,26 +164,31 @@ _FIGURES = {
 _INDEX = re.compile(rb'"index":(\d+)')
 
 
-def _figure(name: str, event: bytes) -> int:
-    found = _FIGURES[name].search(event)
+_PROMPT, _COMPLETION = _FIGURES["prompt_tokens"], _FIGURES["completion_tokens"]
+_CACHED, _PROMPT_N = _FIGURES["cached_tokens"], _FIGURES["prompt_n"]
+_CACHE_N, _PREDICTED_N = _FIGURES["cache_n"], _FIGURES["predicted_n"]
+
+
+def _figure(pattern: re.Pattern[bytes], event: bytes) -> int:
+    found = pattern.search(event)
     return int(found.group(1)) if found else 0
 
 
 def _openai_report(event: bytes, usage: Usage) -> None:
     """One event of an OpenAI stream that has a marker: its usage, else its timings (by choice)."""
     if b'"usage":{' in event:
-        usage.prompt += _figure("prompt_tokens", event)
-        usage.completion += _figure("completion_tokens", event)
-        usage.cached += _figure("cached_tokens", event)
+        usage.prompt += _figure(_PROMPT, event)
+        usage.completion += _figure(_COMPLETION, event)
+        usage.cached += _figure(_CACHED, event)
         usage.reported = True
         return
     index = _INDEX.search(event)
     if usage.timings is None:
         usage.timings = {}
     usage.timings[int(index.group(1)) if index else 0] = (
-        _figure("prompt_n", event),
-        _figure("cache_n", event),
-        _figure("predicted_n", event),
+        _figure(_PROMPT_N, event),
+        _figure(_CACHE_N, event),
+        _figure(_PREDICTED_N, event),
     )
 
 
@@ -245,9 +254,9 @@ class UsageTap:
 
     def answered(self, answer: dict[str, Any]) -> None:
         """The answer the proxy assembled from the child's stream: its usage is what the client gets."""
-        self.start()
+        usage = self.usage = Usage()  # a new attempt's answer: only it counts (``start``, written out)
         self._answered = True
-        self.fmt.whole(answer, self.usage)
+        self.fmt.whole(answer, usage)
 
     def result(self, reports: Sequence[bytes] = ()) -> Usage:
         """What the answer reported; for a stream, read from ``reports`` (its meter's report chunks;

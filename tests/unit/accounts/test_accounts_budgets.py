@@ -218,6 +218,48 @@ def test_headers_show_the_tightest_budget() -> None:
     assert budgets.headers("other", "k9", T0) == {}
 
 
+def test_an_admitted_request_carries_the_headers_in_the_order_of_its_budgets() -> None:
+    """A ticket's header lines: of the kind of the first budget first (token budgets come first in
+    ``BUDGET_NAMES``, so a tenant with only a request budget shows the requests first), each kind's
+    limit, remaining and reset; the lines that repeat between answers are the same objects."""
+    both = Budgets({"t": BudgetSettings(tokens_per_minute=200, requests_per_minute=10)})
+    first = both.check("t", "k", T0, reserve=30)
+    assert isinstance(first, Ticket)
+    assert [name for name, _ in first.headers] == [
+        b"x-ratelimit-limit-tokens",
+        b"x-ratelimit-remaining-tokens",
+        b"x-ratelimit-reset-tokens",
+        b"x-ratelimit-limit-requests",
+        b"x-ratelimit-remaining-requests",
+        b"x-ratelimit-reset-requests",
+    ]
+    assert dict(first.headers)[b"x-ratelimit-remaining-tokens"] == b"170"
+    assert dict(first.headers)[b"x-ratelimit-reset-requests"] == b"1m0s"  # this request, just counted
+    second = both.check("t", "k", T0, reserve=30)
+    assert isinstance(second, Ticket)
+    assert dict(second.headers)[b"x-ratelimit-remaining-tokens"] == b"140"
+    assert second.headers[0] is first.headers[0] and second.headers[5] is first.headers[5]
+    only_requests = Budgets({"t": BudgetSettings(requests_per_minute=10)})
+    ticket = only_requests.check("t", "k", T0)
+    assert isinstance(ticket, Ticket)
+    assert [name for name, _ in ticket.headers] == [
+        b"x-ratelimit-limit-requests",
+        b"x-ratelimit-remaining-requests",
+        b"x-ratelimit-reset-requests",
+    ]
+    # The tenant's request budget comes before its key's token budget: requests first.
+    mixed = only_requests.check("t", "k", T0, key_budgets=BudgetSettings(tokens_per_minute=100), reserve=5)
+    assert isinstance(mixed, Ticket)
+    assert [name for name, _ in mixed.headers] == [
+        b"x-ratelimit-limit-requests",
+        b"x-ratelimit-remaining-requests",
+        b"x-ratelimit-reset-requests",
+        b"x-ratelimit-limit-tokens",
+        b"x-ratelimit-remaining-tokens",
+        b"x-ratelimit-reset-tokens",
+    ]
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [
@@ -247,6 +289,39 @@ def test_a_reload_or_a_budget_change_keeps_the_counts() -> None:
     assert isinstance(
         budgets.check("t", "k", T0 + 3, key_budgets=BudgetSettings(tokens_per_minute=500)), Refusal
     )
+
+
+def test_a_key_given_a_budget_starts_from_the_usage_it_had_without_one() -> None:
+    """A subject without a budget has its charges queued, not added to its windows on the request path;
+    a budget given to it (here the key's, as an admin change) finds all of them counted at once, with
+    no writer having run in between."""
+    budgets = Budgets({"t": TPM})
+    for i in range(3):
+        ticket = budgets.check("t", "k", T0 + i, reserve=10)
+        assert isinstance(ticket, Ticket)
+        budgets.charge(ticket, 40, T0 + i)
+    assert budgets.used("key", "k", "tokens_per_minute", T0 + 3) == 120
+    assert budgets.used("key", "k", "requests_per_minute", T0 + 3) == 3
+    ticket = budgets.check("t", "k", T0 + 4, reserve=10)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 40, T0 + 4)  # queued again: nothing has read the key's windows since
+    key = BudgetSettings(tokens_per_minute=150, requests_per_minute=5)
+    refused = budgets.check("t", "k", T0 + 5, key_budgets=key, reserve=10)
+    assert isinstance(refused, Refusal) and refused.subject == "key" and refused.used == 160
+    assert budgets.used("key", "k", "requests_per_minute", T0 + 5) == 4
+    assert refused.retry_after_s == pytest.approx(55.0)  # the first 40, charged at T0, leave at T0 + 60
+
+
+def test_queued_charges_are_settled_without_a_writer() -> None:
+    """Budgets without a store have no writer: the queue of a subject without a budget is settled on
+    the request path once it is long, so memory stays bounded, and nothing queued is lost."""
+    budgets = Budgets({"t": TPM})
+    for i in range(5000):
+        ticket = budgets.check("t", "k", T0 + i / 1000, reserve=1)
+        assert isinstance(ticket, Ticket)
+        budgets.charge(ticket, 0, T0 + i / 1000)
+        assert ticket.plan is not None and len(ticket.plan.queued_requests) <= 1024
+    assert budgets.used("key", "k", "requests_per_minute", T0 + 5) == 5000
 
 
 def test_windows_survive_a_restart_through_the_store(store_path: Path) -> None:
@@ -292,7 +367,7 @@ def test_window_bookkeeping() -> None:
     window.add(T0 + 69, 2)  # the clock stepped back: added to the newest entry, not forgotten earlier
     assert window.used(T0 + 129.9) == 3 and window.persisted(T0 + 70) == (3, T0 + 130)
     buckets = Window(86400.0, 60.0)
-    assert buckets.add(T0 + 59, 1) == T0 and buckets.add(T0 + 61, 1) == T0 + 60
+    assert buckets.add(T0 + 59, 1) == T0 and buckets.add(T0 + 61, 1) == T0 + 60  # the buckets' keys
     assert math.isclose(buckets.reset_in(T0 + 61), 60 + 60 + 86400 - 61)
 
 
@@ -340,8 +415,9 @@ def test_a_window_stays_exact_while_its_old_entries_are_dropped() -> None:
 def test_a_second_of_charges_is_one_row_that_never_expires_early() -> None:
     window = Window(60.0)
     for offset, amount in ((0.1, 5), (0.5, 7), (0.9, 11)):
-        assert window.add(T0 + offset, amount) == T0  # one group: the second they fell in
-    assert window.persisted(T0) == (23, T0 + 60.9)  # counted until its newest charge's expiry
+        assert window.add(T0 + offset, amount) == T0 + offset  # each charge its own entry
+    assert window.persisted(T0) == (23, T0 + 60.9)  # one group: counted until its newest charge's expiry
+    assert window.changed_groups() == [(T0, 23, T0 + 60.9)]
     restored = Window(60.0)
     restored.restore(T0, 23, T0 + 60.9)
     assert restored.used(T0 + 60.89) == 23 and restored.used(T0 + 60.9) == 0
@@ -360,3 +436,32 @@ def test_the_store_gets_one_row_per_second_and_window_not_one_per_request() -> N
     assert budgets.take_dirty(T0 + 1) == []
     budgets.put_back(rows)  # a failed write: the same rows come again
     assert sorted(budgets.take_dirty(T0 + 1), key=str) == sorted(rows, key=str)
+
+
+def test_the_groups_to_write_are_those_charged_since_the_writer_last_read_them() -> None:
+    """The writer reads each changed window's groups off its entries: from the group of the newest entry
+    it saw last (which a charge in the same second adds to) to the newest; nothing when unchanged."""
+    window = Window(60.0)
+    assert not window.changed and window.changed_groups() == []
+    window.add(T0 + 0.2, 1)
+    window.add(T0 + 1.5, 2)
+    window.add(T0 + 1.7, 3)
+    assert window.changed
+    assert window.changed_groups() == [(T0, 1, T0 + 60.2), (T0 + 1, 5, T0 + 61.7)]
+    assert not window.changed
+    window.add(T0 + 1.9, 4)  # the second last read: written again, with its whole amount
+    window.add(T0 + 3.0, 5)
+    assert window.changed_groups() == [(T0 + 1, 9, T0 + 61.9), (T0 + 3, 5, T0 + 63.0)]
+    assert window.persisted(T0 + 1) == (9, T0 + 61.9) and window.persisted(T0 + 2) is None
+    days = Window(86400.0, 60.0)
+    days.add(T0 + 10, 1)
+    days.add(T0 + 50, 2)
+    assert days.changed_groups() == [(T0, 3, T0 + 60 + 86400)]
+    days.add(T0 + 59, 4)
+    days.add(T0 + 61, 5)
+    assert days.changed_groups() == [(T0, 7, T0 + 60 + 86400), (T0 + 60, 5, T0 + 120 + 86400)]
+    restored = Window(60.0)
+    restored.restore(T0, 23, T0 + 60.9)
+    assert not restored.changed and restored.changed_groups() == []  # read from the store: nothing to write
+    restored.add(T0 + 0.95, 1)
+    assert restored.changed_groups() == [(T0, 24, T0 + 60.95)]
