@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import threading
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.accounts.records import BUDGET_NAMES, BudgetName, Subject, WindowEntry
@@ -80,7 +80,7 @@ class Ticket:
         self.reserve = reserve
         self.key_budgets = key_budgets
         # (a window's holds, True when this request is its overshooter, else it holds ``reserve``)
-        self.holds: tuple[tuple[_Holds, bool], ...] = ()
+        self.holds: Sequence[tuple[_Holds, bool]] = ()
         self.settled = False
         # OpenAI's rate-limit headers as admission left the windows (this request's hold counted), for
         # its answer, as ASGI header lines; empty without budgets.
@@ -141,23 +141,20 @@ _HEADER_NAMES = {
 _HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
 _TOKEN_LINES, _REQUEST_LINES = _HEADER_LINES["tokens"], _HEADER_LINES["requests"]
 # Header lines made once and handed to every answer that shows the same figure: per limit, and per reset
-# by the millisecond (answers a moment apart share their resets). Each a bound, not an eviction policy.
-_LIMIT_LINES: dict[tuple[bytes, int], tuple[bytes, bytes]] = {}
-_RESET_LINES: dict[tuple[bytes, int], tuple[bytes, bytes]] = {}
+# by the millisecond (answers a moment apart share their resets), one table per header. Each a bound,
+# not an eviction policy.
+_LinesCache = dict[int, tuple[bytes, bytes]]
+_TOKEN_LIMITS: _LinesCache = {}
+_TOKEN_RESETS: _LinesCache = {}
+_REQUEST_LIMITS: _LinesCache = {}
+_REQUEST_RESETS: _LinesCache = {}
 _LINES_CACHE = 10_000
 
 
-def _limit_line(name: bytes, limit: int) -> tuple[bytes, bytes]:
-    if len(_LIMIT_LINES) >= _LINES_CACHE:
-        _LIMIT_LINES.clear()
-    line = _LIMIT_LINES[(name, limit)] = (name, b"%d" % limit)
-    return line
-
-
-def _reset_line(name: bytes, ms: int) -> tuple[bytes, bytes]:
-    if len(_RESET_LINES) >= _LINES_CACHE:
-        _RESET_LINES.clear()
-    line = _RESET_LINES[(name, ms)] = (name, openai_duration(ms / 1000).encode())
+def _line(cache: _LinesCache, name: bytes, value: int, text: bytes) -> tuple[bytes, bytes]:
+    if len(cache) >= _LINES_CACHE:
+        cache.clear()
+    line = cache[value] = (name, text)
     return line
 
 
@@ -371,7 +368,7 @@ class Budgets:
                 self._queue_request(plan, now)
             ticket.headers = _lines(plan.tokens_first, tokens, requests, now)
             ticket.plan = plan
-        ticket.holds = tuple(holds)
+        ticket.holds = holds
         return ticket
 
     def _queue_request(self, plan: _Plan, now: float) -> None:
@@ -494,21 +491,35 @@ def _lines(
     tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float
 ) -> tuple[tuple[bytes, bytes], ...]:
     """The header lines of the picked budgets, of the kind whose budget comes first first. Once per
-    answer: written out, with the lines that repeat looked up instead of made."""
-    lines: tuple[tuple[bytes, bytes], ...] = _NO_LINES
-    for names, pick in ((_TOKEN_LINES, tokens), (_REQUEST_LINES, requests)):
-        if pick is None:
-            continue
-        remaining, limit, window = pick
-        limit_name, remaining_name, reset_name = names
+    answer, so written out: the limit and reset lines are looked up (made once), the remaining made."""
+    if tokens is not None:
+        remaining, limit, window = tokens
+        names = _TOKEN_LINES
         ms = math.ceil(window.reset_in(now) * 1000)
-        kind = (
-            _LIMIT_LINES.get((limit_name, limit)) or _limit_line(limit_name, limit),
-            (remaining_name, b"%d" % remaining if remaining > 0 else b"0"),
-            _RESET_LINES.get((reset_name, ms)) or _reset_line(reset_name, ms),
+        t = (
+            _TOKEN_LIMITS.get(limit) or _line(_TOKEN_LIMITS, names[0], limit, b"%d" % limit),
+            (names[1], b"%d" % remaining if remaining > 0 else b"0"),
+            _TOKEN_RESETS.get(ms) or _line(_TOKEN_RESETS, names[2], ms, _duration_text(ms)),
         )
-        lines = lines + kind if tokens_first else kind + lines  # tokens come first in the loop
-    return lines
+        if requests is None:
+            return t
+    elif requests is None:
+        return _NO_LINES
+    remaining, limit, window = requests
+    names = _REQUEST_LINES
+    ms = math.ceil(window.reset_in(now) * 1000)
+    r = (
+        _REQUEST_LIMITS.get(limit) or _line(_REQUEST_LIMITS, names[0], limit, b"%d" % limit),
+        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
+        _REQUEST_RESETS.get(ms) or _line(_REQUEST_RESETS, names[2], ms, _duration_text(ms)),
+    )
+    if tokens is None:
+        return r
+    return t + r if tokens_first else r + t
+
+
+def _duration_text(ms: int) -> bytes:
+    return openai_duration(ms / 1000).encode()
 
 
 def _longest(current: Refusal | None, new: Refusal) -> Refusal:
