@@ -80,7 +80,7 @@ class Window:
             del keys[:head], amounts[:head]
             head = 0
         self._head = head
-        self.horizon = self.expiry(keys[head]) if head < len(keys) else math.inf
+        self.horizon = keys[head] + after if head < len(keys) else math.inf  # ``expiry``, written out
 
     def used(self, now: float) -> int:
         if now >= self.horizon:

@@ -56,6 +56,7 @@ class Usage:
     timings: dict[int, tuple[int, int, int]] | None = None
 
     def final(self) -> Usage:
+        """This usage with the timings made its figures (once: then it is ``reported``)."""
         if self.reported or not self.timings:
             return self
         prompt = cached = completion = 0
@@ -63,7 +64,9 @@ class Usage:
             prompt += processed + from_cache
             cached += from_cache
             completion += predicted
-        return Usage(prompt, cached, completion, reported=True)
+        self.prompt, self.cached, self.completion, self.reported = prompt, cached, completion, True
+        self.timings = None  # folded in
+        return self
 
 
 def _int(value: Any) -> int:
@@ -182,13 +185,15 @@ def _openai_report(event: bytes, usage: Usage) -> None:
         usage.cached += _figure(_CACHED, event)
         usage.reported = True
         return
-    index = _INDEX.search(event)
+    # Once per sequence of a stream: the searches written out.
+    index, processed = _INDEX.search(event), _PROMPT_N.search(event)
+    from_cache, predicted = _CACHE_N.search(event), _PREDICTED_N.search(event)
     if usage.timings is None:
         usage.timings = {}
     usage.timings[int(index.group(1)) if index else 0] = (
-        _figure(_PROMPT_N, event),
-        _figure(_CACHE_N, event),
-        _figure(_PREDICTED_N, event),
+        int(processed.group(1)) if processed else 0,
+        int(from_cache.group(1)) if from_cache else 0,
+        int(predicted.group(1)) if predicted else 0,
     )
 
 

@@ -118,9 +118,16 @@ def _processes() -> Iterator[list[subprocess.Popen[Any]]]:
 
 
 def _proxy(
-    upstream: str, secret: str, key_id: str, digest: str, loop: str, store: Path | None = None, **limits: int
+    upstream: str,
+    secret: str,
+    key_id: str,
+    digest: str,
+    loop: str,
+    store: Path | None = None,
+    extra: tuple[str, ...] = (),
+    **limits: int,
 ) -> tuple[subprocess.Popen[str], str]:
-    args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop]
+    args = ["--upstream", upstream, "--key-id", key_id, "--key-digest", digest, "--loop", loop, *extra]
     if store is not None:
         args += ["--store", str(store)]
     for name, value in limits.items():

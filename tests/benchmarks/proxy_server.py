@@ -9,6 +9,10 @@ usage ledger and writer thread), and the tenant given budgets far above what a r
 request is checked, held and charged but none refused. The key is then looked up in the store (the
 benchmark puts it there), not in the config.
 
+``--count-opcodes FILE``: SIGUSR1 starts counting the bytecode instructions the event loop's thread runs,
+per function (``sys.settrace`` with opcode events: slow, but exact and the same on a busy host as on a
+quiet one); SIGUSR2 stops and writes them to FILE as JSON (``tests.benchmarks.proxy_opcodes``).
+
 ``python -m tests.benchmarks.proxy_server --upstream URL --port N --key-id ID --key-digest D ...``
 prints ``listening on http://127.0.0.1:PORT`` once it accepts connections.
 """
@@ -18,10 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping
+from types import CodeType, FrameType
+from typing import Any
 
 import uvicorn
 
@@ -107,6 +115,37 @@ async def _serve(args: argparse.Namespace) -> None:
             await asyncio.to_thread(accounts.close)
 
 
+class OpcodeCounter:
+    """Bytecode instructions run per function, between SIGUSR1 and SIGUSR2 (the loop's thread only: the
+    writer's and the key view's threads are left out)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.counts: dict[CodeType, int] = {}
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            code = frame.f_code
+            self.counts[code] = self.counts.get(code, 0) + 1
+        return self._trace
+
+    def start(self, *_: object) -> None:
+        self.counts.clear()
+        sys.settrace(self._trace)
+
+    def stop(self, *_: object) -> None:
+        sys.settrace(None)
+        rows = [[n, f"{c.co_filename}:{c.co_firstlineno}:{c.co_qualname}"] for c, n in self.counts.items()]
+        with open(self.out, "w", encoding="utf-8") as f:
+            json.dump(sorted(rows, reverse=True), f)
+
+    def install(self) -> None:
+        signal.signal(signal.SIGUSR1, self.start)
+        signal.signal(signal.SIGUSR2, self.stop)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="llamagate's proxy alone, for benchmarks")
     parser.add_argument("--upstream", required=True)
@@ -125,7 +164,10 @@ def main() -> None:
     )
     parser.add_argument("--log-file", default=os.devnull)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--count-opcodes", metavar="FILE", help="count bytecode between SIGUSR1 and SIGUSR2")
     args = parser.parse_args()
+    if args.count_opcodes:
+        OpcodeCounter(args.count_opcodes).install()
     # Access lines are formatted and written as in the daemon (JSON lines), to a file instead of a terminal.
     logs.setup("json", "INFO")
     with open(args.log_file, "a", encoding="utf-8") as sink:
