@@ -182,16 +182,17 @@ class _Plan:
     key_budgets: BudgetSettings | None
     # (window id, window, limit, its holds: None for requests_per_minute, which holds nothing)
     limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...]
-    # The windows charged: a request's at admission, its tokens at the end (of the subjects that have a
-    # budget: nothing else reads them while a request runs).
+    # The windows charged: a request's at admission, its tokens at the end, of the subjects that have a
+    # budget. The request path only counts a charge in them (``Window.pending``, ``Window.latest``) and
+    # queues it here; ``Budgets._settle`` enters the queue into their entries in batches (by the
+    # writer, before anything needs the entries themselves, under the same lock), so ``used`` is exact
+    # all along.
     requests: tuple[Window, ...]
     tokens: tuple[Window, ...]
     # The headers name the kind of the first budget in ``limits`` first.
     tokens_first: bool = True
     # The windows of a subject without any budget, kept so that a budget it is given later starts from
-    # its real recent usage: charged in batches (``Budgets._settle``), from the times and amounts queued
-    # here on the request path, before anything reads them and under the same lock, so a count is late
-    # for no reader.
+    # its real recent usage: nothing reads them on the request path, so their charges are only queued.
     later_requests: tuple[Window, ...] = ()
     later_tokens: tuple[Window, ...] = ()
     queued_requests: array[float] = field(default_factory=lambda: array("d"))
@@ -199,15 +200,26 @@ class _Plan:
     queued_tokens: array[float] = field(default_factory=lambda: array("d"))
     queued: bool = False  # in ``Budgets._queued``
 
-    def settle(self) -> None:
-        """Under the lock: charge what is queued into the windows of the subjects without a budget."""
-        for window in self.later_requests:
-            for at in self.queued_requests:
-                window.add(at, 1)
-        for window in self.later_tokens:
-            for at, tokens in zip(self.queued_at, self.queued_tokens, strict=True):
-                window.add(at, int(tokens))
-        del self.queued_requests[:], self.queued_at[:], self.queued_tokens[:]
+    def take_queue(self, into: dict[Window, list[tuple[float, int]]]) -> None:
+        """Under the lock: what is queued, per window it goes into (``Budgets._settle``); the counted
+        windows' ``pending`` gives it back."""
+        requests, at, tokens = self.queued_requests, self.queued_at, self.queued_tokens
+        if requests:
+            ones = [(t, 1) for t in requests]
+            for window in self.requests:
+                window.pending -= len(ones)
+                into.setdefault(window, []).extend(ones)
+            for window in self.later_requests:
+                into.setdefault(window, []).extend(ones)
+        if at:
+            charges = [(t, int(n)) for t, n in zip(at, tokens, strict=True)]
+            total = sum(n for _, n in charges)
+            for window in self.tokens:
+                window.pending -= total
+                into.setdefault(window, []).extend(charges)
+            for window in self.later_tokens:
+                into.setdefault(window, []).extend(charges)
+        del requests[:], at[:], tokens[:]
         self.queued = False
 
 
@@ -231,9 +243,18 @@ class Budgets:
         """Under the lock: every queued charge into its window. Before anything reads those windows (a
         plan is built, ``used``, the writer's ``take_dirty``), and when a queue grows long (a daemon
         without a store has no writer)."""
+        if not self._queued:
+            return
+        into: dict[Window, list[tuple[float, int]]] = {}
         for plan in self._queued:
-            plan.settle()
+            plan.take_queue(into)
         self._queued.clear()
+        # A window shared by several plans (a tenant's, by its keys') gets their charges in time order,
+        # each with its own time: the entries stay exact.
+        for window, charges in into.items():
+            charges.sort()
+            for at, amount in charges:
+                window.add(at, amount)
 
     def configure(self, tenants: Mapping[str, BudgetSettings]) -> None:
         """New limits (a reload); the windows, their counts and the holds stay."""
@@ -327,9 +348,10 @@ class Budgets:
             requests: _Pick | None = None
             tokens: _Pick | None = None
             for wid, window, limit, h in plan.limits:
-                used = window.total if now < window.horizon else window.used(now)
+                used = window.total + window.pending if now < window.horizon else window.used(now)
                 if h is None:  # requests_per_minute
                     if used >= limit:
+                        self._settle()  # the wait is read off the entries: all of them in
                         after = window.wait_below(now, limit) or 0.0
                         refusal = _longest(refusal, Refusal(wid[0], wid[1], wid[2], limit, used, after))
                         continue
@@ -346,6 +368,7 @@ class Budgets:
                 else:
                     # Room once enough charged tokens expire, given the holds stay; holds alone, or the
                     # overshooter still running: at least the in-flight guess.
+                    self._settle()  # the wait is read off the entries: all of them in
                     wait = window.wait_below(now, limit - h.held)
                     after = wait if wait is not None else IN_FLIGHT_RETRY_S
                     if h.overshooter is not None:
@@ -363,9 +386,10 @@ class Budgets:
                 else:
                     h.held += reserve or 0
             for window in plan.requests:
-                window.add(now, 1)
-            if plan.later_requests:
-                self._queue_request(plan, now)
+                window.pending += 1
+                if now > window.latest:
+                    window.latest = now
+            self._queue_request(plan, now)
             ticket.headers = _lines(plan.tokens_first, tokens, requests, now)
             ticket.plan = plan
         ticket.holds = holds
@@ -399,13 +423,14 @@ class Budgets:
                 if plan is None or plan.generation != self._generation:
                     plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
                 for window in plan.tokens:
-                    window.add(now, tokens)
-                if plan.later_tokens:
-                    plan.queued_at.append(now)
-                    plan.queued_tokens.append(tokens)
-                    if not plan.queued:
-                        plan.queued = True
-                        self._queued.append(plan)
+                    window.pending += tokens
+                    if now > window.latest:
+                        window.latest = now
+                plan.queued_at.append(now)
+                plan.queued_tokens.append(tokens)
+                if not plan.queued:
+                    plan.queued = True
+                    self._queued.append(plan)
 
     def release(self, ticket: Ticket, now: float) -> None:
         """A request that ended with no usage at all (refused later, timed out in the queue)."""

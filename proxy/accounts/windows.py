@@ -23,10 +23,23 @@ from bisect import bisect_left
 
 # The dead entries at the front are dropped once they are this many and at least half of the arrays.
 _COMPACT_AT = 1024
+_NEVER = -math.inf
 
 
 class Window:
-    __slots__ = ("_amounts", "_head", "_keys", "changed", "horizon", "span", "taken", "total", "width")
+    __slots__ = (
+        "_amounts",
+        "_head",
+        "_keys",
+        "changed",
+        "horizon",
+        "latest",
+        "pending",
+        "span",
+        "taken",
+        "total",
+        "width",
+    )
 
     def __init__(self, span: float, width: float = 0.0) -> None:
         self.span = span
@@ -44,6 +57,12 @@ class Window:
         # (``total`` is current while ``now < horizon``); written only here.
         self.total = 0
         self.horizon = math.inf
+        # Charged but not entered yet (``budgets`` queues the request path's charges and enters them in
+        # batches): counted by ``used`` all the same. Recent by construction (entered within a second or
+        # so), so none of it expires before it is entered. ``latest``: the newest charge, entered or not
+        # (what ``reset_in`` reads).
+        self.pending = 0
+        self.latest = _NEVER
         # Charged since the writer last read the groups (``changed_groups``), and the newest entry's key
         # then: the groups from that entry's on are the ones to write again.
         self.changed = False
@@ -85,7 +104,7 @@ class Window:
     def used(self, now: float) -> int:
         if now >= self.horizon:
             self._expire(now)
-        return self.total
+        return self.total + self.pending
 
     def add(self, now: float, amount: int) -> float:
         """Charge ``amount`` at ``now``; the key of the entry it went into. Called several times per
@@ -111,6 +130,8 @@ class Window:
                 self.horizon = key + width + self.span
         self.total += amount
         self.changed = True
+        if key > self.latest:
+            self.latest = key
         return key
 
     def changed_groups(self) -> list[tuple[float, int, float]]:
@@ -157,6 +178,8 @@ class Window:
             self.horizon = self.expiry(key)
         self.total += amount
         self.taken = key  # read from the store: not a change to write back
+        if key > self.latest:
+            self.latest = key
 
     def wait_below(self, now: float, target: int) -> float | None:
         """Seconds until the window holds less than ``target`` (0: it does now); None if it never will
@@ -171,9 +194,15 @@ class Window:
             remaining -= int(amounts[i])
             if remaining < target:
                 return self.expiry(keys[i]) - now
-        return None  # unreachable: an empty window holds 0 < target
+        # Only pending charges are left (``budgets`` enters them before it asks): gone by the newest's expiry.
+        return self.reset_in(now) if self.pending else None
 
     def reset_in(self, now: float) -> float:
-        """Seconds until the window is empty again (its newest entry expires; 0 if it has)."""
-        keys = self._keys
-        return max(0.0, keys[-1] + self.width + self.span - now) if keys else 0.0
+        """Seconds until the window is empty again (its newest charge expires; 0 if it has)."""
+        latest = self.latest
+        if latest == _NEVER:
+            return 0.0
+        width = self.width
+        if width:
+            latest = (latest // width) * width  # its bucket
+        return max(0.0, latest + width + self.span - now)

@@ -465,3 +465,34 @@ def test_the_groups_to_write_are_those_charged_since_the_writer_last_read_them()
     assert not restored.changed and restored.changed_groups() == []  # read from the store: nothing to write
     restored.add(T0 + 0.95, 1)
     assert restored.changed_groups() == [(T0, 24, T0 + 60.95)]
+
+
+def test_charges_counted_on_the_request_path_are_exact_before_and_after_they_are_entered() -> None:
+    """The request path only counts a charge into a budget's window (``pending``) and queues it; it is
+    entered later, in batches. Counts, resets and waits are the same as if it had been entered at
+    once: two keys of one tenant share its window, and their queued charges go in in time order, each
+    with its own time (ka's queue comes first in the batch, kb's holds the older charge)."""
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100)})
+    for key, at in (("ka", T0), ("kb", T0 + 0.0625)):  # both keys' plans made, nothing charged
+        first = budgets.check("t", key, at, reserve=10)
+        assert isinstance(first, Ticket)
+        budgets.release(first, at)
+    assert budgets.used("tenant", "t", "tokens_per_minute", T0 + 0.0625) == 0  # (and all entered)
+    a = budgets.check("t", "ka", T0 + 0.125, reserve=10)
+    b = budgets.check("t", "kb", T0 + 0.25, reserve=10)
+    assert isinstance(a, Ticket) and isinstance(b, Ticket)
+    budgets.charge(b, 30, T0 + 0.375)
+    budgets.charge(a, 30, T0 + 0.5)
+    c = budgets.check("t", "kb", T0 + 0.75, reserve=10)
+    assert isinstance(c, Ticket)
+    # 60 charged, c's reserve held; the newest charge (T0 + 0.5) resets the window at T0 + 60.5.
+    assert dict(c.headers)[b"x-ratelimit-remaining-tokens"] == b"30"
+    assert dict(c.headers)[b"x-ratelimit-reset-tokens"] == b"59.75s"
+    budgets.charge(c, 40, T0 + 1.0)
+    refused = budgets.check("t", "kb", T0 + 2, reserve=20)  # spent: 100
+    assert isinstance(refused, Refusal) and refused.used == 100 and not refused.in_flight
+    # Room once any leaves: the oldest, kb's at T0 + 0.375 (queued after ka's), at T0 + 60.375.
+    assert refused.retry_after_s == pytest.approx(58.375)
+    assert budgets.used("tenant", "t", "tokens_per_minute", T0 + 60.4375) == 70
+    assert budgets.used("key", "ka", "tokens_per_minute", T0 + 60.4375) == 30
+    assert budgets.used("key", "kb", "tokens_per_minute", T0 + 60.4375) == 40
