@@ -24,14 +24,19 @@ request at a time (an unknown request could be of any size), so the request path
 
 Requests are counted when admitted, so ``requests_per_minute`` holds exactly (no overshoot). Windows
 are kept for every tenant and key, budget or not, so a budget added by a reload or an admin change
-starts from the real recent usage; a changed limit keeps the counts. A subject without any budget has
-nothing to check, so the request path only queues its charges (a time and an amount in an array), and
-they are added to its windows in batches (``_settle``: by the writer, before a plan is built and before
-any read), under the same lock: no reader sees a window without them. The writer persists the window
-groups charged since its last batch (``take_dirty``); a restart restores them (``restore``).
+starts from the real recent usage; a changed limit keeps the counts.
+
+The request path enters no charge into a window's entries: it counts it (``Window.pending``, read by
+``used`` like an entry; nothing for a subject without any budget, whose windows nobody reads then) and
+queues its time and amount on the caller's plan. ``_settle`` enters the queues in batches, each window's
+charges in time order: by the writer (``take_dirty``), and before anything needs the entries themselves
+(a plan's build, a status read, a refusal's wait), under the same lock, so counts, resets and waits are
+exact all along. The writer persists the window groups charged since its last batch (``take_dirty``); a
+restart restores them (``restore``).
 
 Thread model: ``check``, ``charge``, ``release`` and ``headers`` are called on the request path (the
-event loop); ``take_dirty`` by the writer thread. One lock guards the state; nothing under it blocks.
+event loop); ``take_dirty`` by the writer thread. One lock guards the state; nothing under it blocks
+(the writer's settling holds it for a batch's entries: about a microsecond each).
 """
 
 from __future__ import annotations
