@@ -63,8 +63,11 @@ _TOKENS: tuple[BudgetName, ...] = ("tokens_per_minute", "tokens_per_day")
 # in progress, so a second is a fair guess, and the SDKs retry on their own.
 IN_FLIGHT_RETRY_S = 1.0
 _PLAN_CACHE = 10_000
-# Charges queued for the windows of subjects without a budget are settled at least this often.
+# Queued charges are entered into their windows' entries (settled) at least this often: every this
+# many requests of one plan, and once the oldest is this old (the writer does it every batch; without a
+# store, admission does).
 _SETTLE_AT = 1024
+SETTLE_AFTER_S = 1.0
 _NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
 
 WindowId = tuple[Subject, str, BudgetName]
@@ -241,13 +244,16 @@ class Budgets:
     # drops windows, a restore and a reload make them be found again (``_generation``).
     _plans: dict[tuple[str, str], _Plan] = field(default_factory=dict, repr=False)
     _generation: int = 0
-    # Plans with charges queued for the windows of subjects without a budget (``_Plan.later_*``).
+    # Plans with charges queued (``_Plan.queued_*``), and when the oldest of them must be entered at the
+    # latest: a counted charge expires only once entered, and a daemon without a store has no writer.
     _queued: list[_Plan] = field(default_factory=list, repr=False)
+    _settle_by: float = math.inf
 
     def _settle(self) -> None:
         """Under the lock: every queued charge into its window. Before anything reads those windows (a
         plan is built, ``used``, the writer's ``take_dirty``), and when a queue grows long (a daemon
         without a store has no writer)."""
+        self._settle_by = math.inf
         if not self._queued:
             return
         into: dict[Window, list[tuple[float, int]]] = {}
@@ -341,6 +347,8 @@ class Budgets:
         it (the refusal whose wait is longest, so that a retry then finds room in every budget)."""
         ticket = Ticket(tenant, key_id, reserve, key_budgets)
         with self._lock:
+            if now >= self._settle_by:
+                self._settle()
             plan = self._plan(tenant, key_id, key_budgets)
             if not plan.limits:  # no budget at all: counted, nothing to check
                 self._queue_request(plan, now)
@@ -405,10 +413,16 @@ class Budgets:
         queue = plan.queued_requests
         queue.append(now)
         if not plan.queued:
-            plan.queued = True
-            self._queued.append(plan)
+            self._enqueue(plan, now)
         elif len(queue) >= _SETTLE_AT:
             self._settle()
+
+    def _enqueue(self, plan: _Plan, now: float) -> None:
+        """Under the lock: ``plan`` has charges queued now; they are entered within ``SETTLE_AFTER_S``."""
+        plan.queued = True
+        self._queued.append(plan)
+        if now + SETTLE_AFTER_S < self._settle_by:
+            self._settle_by = now + SETTLE_AFTER_S
 
     def charge(self, ticket: Ticket, tokens: int, now: float) -> None:
         """The request's real usage (prompt plus completion tokens; 0 if it produced none). Frees its
@@ -434,8 +448,7 @@ class Budgets:
                 plan.queued_at.append(now)
                 plan.queued_tokens.append(tokens)
                 if not plan.queued:
-                    plan.queued = True
-                    self._queued.append(plan)
+                    self._enqueue(plan, now)
 
     def release(self, ticket: Ticket, now: float) -> None:
         """A request that ended with no usage at all (refused later, timed out in the queue)."""
@@ -453,6 +466,8 @@ class Budgets:
     ) -> tuple[tuple[bytes, bytes], ...]:
         """The same headers as ASGI header lines."""
         with self._lock:
+            if now >= self._settle_by:
+                self._settle()
             limits = self._plan(tenant, key_id, key_budgets).limits
             return self._headers(limits, now) if limits else ()
 

@@ -496,3 +496,27 @@ def test_charges_counted_on_the_request_path_are_exact_before_and_after_they_are
     assert budgets.used("tenant", "t", "tokens_per_minute", T0 + 60.4375) == 70
     assert budgets.used("key", "ka", "tokens_per_minute", T0 + 60.4375) == 30
     assert budgets.used("key", "kb", "tokens_per_minute", T0 + 60.4375) == 40
+
+
+def test_without_a_writer_queued_charges_still_expire_on_time() -> None:
+    """Budgets without a store have no writer to enter the queued charges: admission enters them once
+    they are a second old, so a charge stops counting a minute after it was made, however few requests
+    the tenant sends (a queue that waited for 1024 of them would count its charges forever)."""
+    budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100, requests_per_minute=2)})
+    ticket = budgets.check("t", "k", T0, reserve=10)
+    assert isinstance(ticket, Ticket)
+    budgets.charge(ticket, 100, T0 + 1)
+    refused = budgets.check("t", "k", T0 + 30, reserve=10)
+    assert isinstance(refused, Refusal) and refused.retry_after_s == pytest.approx(31.0)
+    again = budgets.check("t", "k", T0 + 61, reserve=10)  # the charge of T0 + 1 is gone
+    assert isinstance(again, Ticket), again
+    assert dict(again.headers)[b"x-ratelimit-remaining-tokens"] == b"90"
+    assert dict(again.headers)[b"x-ratelimit-remaining-requests"] == b"1"
+    assert budgets.header_lines("t", "k", T0 + 200) == (
+        (b"x-ratelimit-limit-tokens", b"100"),
+        (b"x-ratelimit-remaining-tokens", b"90"),  # the last request's reserve is still held
+        (b"x-ratelimit-reset-tokens", b"0s"),
+        (b"x-ratelimit-limit-requests", b"2"),
+        (b"x-ratelimit-remaining-requests", b"2"),
+        (b"x-ratelimit-reset-requests", b"0s"),
+    )
