@@ -64,10 +64,11 @@ _TOKENS: tuple[BudgetName, ...] = ("tokens_per_minute", "tokens_per_day")
 IN_FLIGHT_RETRY_S = 1.0
 _PLAN_CACHE = 10_000
 # Queued charges are entered into their windows' entries (settled) at least this often: every this
-# many requests of one plan, and once the oldest is this old (the writer does it every batch; without a
-# store, admission does).
+# many requests of one plan, and once the oldest is this old. The writer does it with every batch (within
+# a second); without a store, admission does. A charge counts while it waits (``Window.pending``) and
+# expires once entered, so any wait well inside the shortest span (a minute) keeps every count exact.
 _SETTLE_AT = 1024
-SETTLE_AFTER_S = 1.0
+SETTLE_AFTER_S = 5.0
 _NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
 
 WindowId = tuple[Subject, str, BudgetName]
