@@ -410,7 +410,7 @@ class Budgets:
         return ticket
 
     def _queue_request(self, plan: _Plan, now: float) -> None:
-        """Under the lock: an admitted request, for the windows of its subjects without a budget."""
+        """Under the lock: an admitted request, queued for its requests_per_minute windows."""
         queue = plan.queued_requests
         queue.append(now)
         if not plan.queued:
