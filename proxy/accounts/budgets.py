@@ -536,32 +536,25 @@ class Budgets:
 def _lines(
     tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float
 ) -> tuple[tuple[bytes, bytes], ...]:
-    """The header lines of the picked budgets, of the kind whose budget comes first first. Once per
-    answer, so written out: the limit and reset lines are looked up (made once), the remaining made."""
-    if tokens is not None:
-        remaining, limit, window = tokens
-        names = _TOKEN_LINES
-        ms = math.ceil(window.reset_in(now) * 1000)
-        t = (
-            _TOKEN_LIMITS.get(limit) or _line(_TOKEN_LIMITS, names[0], limit, b"%d" % limit),
-            (names[1], b"%d" % remaining if remaining > 0 else b"0"),
-            _TOKEN_RESETS.get(ms) or _line(_TOKEN_RESETS, names[2], ms, _duration_text(ms)),
-        )
-        if requests is None:
-            return t
-    elif requests is None:
-        return _NO_LINES
-    remaining, limit, window = requests
-    names = _REQUEST_LINES
-    ms = math.ceil(window.reset_in(now) * 1000)
-    r = (
-        _REQUEST_LIMITS.get(limit) or _line(_REQUEST_LIMITS, names[0], limit, b"%d" % limit),
-        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
-        _REQUEST_RESETS.get(ms) or _line(_REQUEST_RESETS, names[2], ms, _duration_text(ms)),
-    )
-    if tokens is None:
-        return r
+    """The header lines of the picked budgets, of the kind whose budget comes first first."""
+    t = _kind_lines(_TOKEN_LINES, _TOKEN_LIMITS, _TOKEN_RESETS, tokens, now)
+    r = _kind_lines(_REQUEST_LINES, _REQUEST_LIMITS, _REQUEST_RESETS, requests, now)
     return t + r if tokens_first else r + t
+
+
+def _kind_lines(
+    names: tuple[bytes, ...], limits: _LinesCache, resets: _LinesCache, pick: _Pick | None, now: float
+) -> tuple[tuple[bytes, bytes], ...]:
+    """One kind's three lines: the limit and reset lines looked up (made once), the remaining made."""
+    if pick is None:
+        return _NO_LINES
+    remaining, limit, window = pick
+    ms = math.ceil(window.reset_in(now) * 1000)
+    return (
+        limits.get(limit) or _line(limits, names[0], limit, b"%d" % limit),
+        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
+        resets.get(ms) or _line(resets, names[2], ms, _duration_text(ms)),
+    )
 
 
 def _duration_text(ms: int) -> bytes:

@@ -150,19 +150,26 @@ class Window:
         self.taken = keys[-1]
         out: list[tuple[float, int, float]] = []
         while start < end:
-            group = self.group(keys[start])
-            stop = bisect_left(keys, group + 1.0, start) if self.width == 0 else start + 1
+            group, stop = self.group(keys[start]), self._group_end(start)
             out.append((group, int(sum(amounts[start:stop])), self.expiry(keys[stop - 1])))
             start = stop
         return out
+
+    def _group_end(self, start: int) -> int:
+        """The index after the last entry of the group that the entry at ``start`` is in."""
+        return (
+            bisect_left(self._keys, self.group(self._keys[start]) + 1.0, start)
+            if self.width == 0
+            else start + 1
+        )
 
     def persisted(self, group: float) -> tuple[int, float] | None:
         """A group as the store keeps it: (amount, when it stops counting); None once it has expired."""
         keys = self._keys
         start = bisect_left(keys, group, self._head)
-        stop = bisect_left(keys, group + 1.0, start) if self.width == 0 else start + (start < len(keys))
-        if start >= stop or self.group(keys[start]) != group:
+        if start >= len(keys) or self.group(keys[start]) != group:
             return None
+        stop = self._group_end(start)
         return int(sum(self._amounts[start:stop])), self.expiry(keys[stop - 1])
 
     def restore(self, group: float, amount: int, expires: float) -> None:
