@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.accounts.records import BUDGET_NAMES, BudgetName, Subject, WindowEntry
-from proxy.accounts.windows import Window
+from proxy.accounts.windows import Charges, Window
 from proxy.errors import Rejected
 from proxy.settings import BudgetSettings
 
@@ -209,26 +209,27 @@ class _Plan:
     queued_tokens: array[float] = field(default_factory=lambda: array("d"))
     queued: bool = False  # in ``Budgets._queued``
 
-    def take_queue(self, into: dict[Window, list[tuple[float, int]]]) -> None:
-        """Under the lock: what is queued, per window it goes into (``Budgets._settle``); the counted
-        windows' ``pending`` gives it back."""
+    def take_queue(self, into: dict[Window, list[Charges]]) -> None:
+        """Under the lock: what is queued, per window it goes into (``Budgets._settle``): the queue's
+        arrays themselves (the plan starts new ones); the counted windows' ``pending`` gives it back."""
         requests, at, tokens = self.queued_requests, self.queued_at, self.queued_tokens
         if requests:
-            ones = [(t, 1) for t in requests]
+            self.queued_requests = array("d")
+            ones: Charges = (requests, None)
             for window in self.requests:
-                window.pending -= len(ones)
-                into.setdefault(window, []).extend(ones)
+                window.pending -= len(requests)
+                into.setdefault(window, []).append(ones)
             for window in self.later_requests:
-                into.setdefault(window, []).extend(ones)
+                into.setdefault(window, []).append(ones)
         if at:
-            charges = [(t, int(n)) for t, n in zip(at, tokens, strict=True)]
-            total = sum(n for _, n in charges)
+            self.queued_at, self.queued_tokens = array("d"), array("d")
+            charges: Charges = (at, tokens)
+            total = int(sum(tokens))
             for window in self.tokens:
                 window.pending -= total
-                into.setdefault(window, []).extend(charges)
+                into.setdefault(window, []).append(charges)
             for window in self.later_tokens:
-                into.setdefault(window, []).extend(charges)
-        del requests[:], at[:], tokens[:]
+                into.setdefault(window, []).append(charges)
         self.queued = False
 
 
@@ -257,16 +258,14 @@ class Budgets:
         self._settle_by = math.inf
         if not self._queued:
             return
-        into: dict[Window, list[tuple[float, int]]] = {}
+        into: dict[Window, list[Charges]] = {}
         for plan in self._queued:
             plan.take_queue(into)
         self._queued.clear()
         # A window shared by several plans (a tenant's, by its keys') gets their charges in time order,
-        # each with its own time: the entries stay exact.
-        for window, charges in into.items():
-            charges.sort()
-            for at, amount in charges:
-                window.add(at, amount)
+        # each with its own time: the entries stay exact (``Window.extend``).
+        for window, sources in into.items():
+            window.extend(sources)
 
     def configure(self, tenants: Mapping[str, BudgetSettings]) -> None:
         """New limits (a reload); the windows, their counts and the holds stay."""

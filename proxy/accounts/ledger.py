@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.accounts.records import UsageRecord
+from proxy.accounts.records import LedgerRow
 
 log = logging.getLogger("llamagate.accounts")
 
@@ -37,8 +37,8 @@ class Ledger:
         self.max_pending = max_pending
         self.batch_size = batch_size
         self._lock = threading.Lock()
-        self._retry: deque[UsageRecord] = deque()  # a failed batch, first in line
-        self._fresh: deque[UsageRecord] = deque()
+        self._retry: deque[LedgerRow] = deque()  # a failed batch, first in line
+        self._fresh: deque[LedgerRow] = deque()
         self._written = 0
         self._unwritten = 0
         self._dropped = 0
@@ -47,7 +47,7 @@ class Ledger:
         # Set when a batch is full, so the writer does not wait for its next tick.
         self.batch_ready = threading.Event()
 
-    def charge(self, record: UsageRecord) -> None:
+    def charge(self, record: LedgerRow) -> None:
         """On the event loop, once per request: no lock on the way of a record that fits (a deque's
         ``append`` and the writer's ``popleft`` are atomic), the lock only to count one that does not."""
         fresh = self._fresh
@@ -68,10 +68,10 @@ class Ledger:
                 self.max_pending,
             )
 
-    def take(self) -> tuple[list[UsageRecord], int]:
+    def take(self) -> tuple[list[LedgerRow], int]:
         """Up to one batch, oldest first, and how many of it are new (never tried before)."""
         with self._lock:
-            out: list[UsageRecord] = []
+            out: list[LedgerRow] = []
             while self._retry and len(out) < self.batch_size:
                 out.append(self._retry.popleft())
             fresh = 0
@@ -88,7 +88,7 @@ class Ledger:
             if self._dropping and len(self._retry) + len(self._fresh) < self.max_pending:
                 self._dropping = False
 
-    def failed(self, batch: Sequence[UsageRecord], fresh: int) -> None:
+    def failed(self, batch: Sequence[LedgerRow], fresh: int) -> None:
         """Put a batch that was not written back at the front, in its order."""
         with self._lock:
             self._retry.extendleft(reversed(batch))

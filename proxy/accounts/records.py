@@ -40,11 +40,19 @@ class KeyRecord:
         return "active"
 
 
+# One finished request's ledger row as the request path makes it and the writer writes it: the columns
+# of ``UsageRecord`` in order, as a plain tuple. Not the named tuple itself: the collector stops
+# tracking a plain tuple of strings and numbers at its first pass, but never a named tuple's instance
+# (CPython untracks exact tuples only), and up to a second's rows wait in the ledger's queue, so as
+# named tuples they were walked by every young collection and promoted towards the full ones.
+LedgerRow = tuple[str, str, str, str, int, int, int, int, float, float, str]
+
+
 class UsageRecord(NamedTuple):
     """What one finished request used, as the child reported it (a stream: its final usage; a client
-    that left: what was generated until it stopped). ``at`` is when it finished. A named tuple, not a
-    dataclass: one is made per request (a frozen dataclass's ``__init__`` costs four times as much), and
-    its fields are the ledger table's columns in order (the store writes it as it is)."""
+    that left: what was generated until it stopped). ``at`` is when it finished. Its fields are the
+    ledger table's columns in order: a ``LedgerRow`` with names (what the readers hand back; the store
+    writes either as it is)."""
 
     tenant: str
     key_id: str
@@ -76,7 +84,7 @@ class WindowEntry:
 class Batch:
     """What the writer writes in one transaction: nothing of it is committed unless all of it is."""
 
-    usage: tuple[UsageRecord, ...] = ()
+    usage: tuple[LedgerRow, ...] = ()
     windows: tuple[WindowEntry, ...] = ()
     last_used: tuple[tuple[str, float], ...] = ()  # (key id, time)
 

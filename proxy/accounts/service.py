@@ -6,7 +6,7 @@ Request path (event loop, never blocks on the disk):
     key = accounts.authenticate(token, now)            # AccountKey | None; records the key's last use
     got = accounts.admit(tenant, key_id, now, key_budgets=..., reserve=...)   # Ticket | Refusal
     headers = accounts.headers(tenant, key_id, now, key_budgets=...)
-    accounts.finish(ticket, UsageRecord(...))           # after the answer, with the child's usage
+    accounts.finish(ticket, row)                        # after the answer: its LedgerRow (the child's usage)
 Daemon life (any thread; ``flush`` blocks, so from the loop: ``await asyncio.to_thread(...)``):
     Accounts.open(settings.store, settings.tenants) -> start() -> ... flush(timeout) -> close()
 """
@@ -20,7 +20,7 @@ from proxy.accounts.budgets import Budgets, Refusal, Ticket
 from proxy.accounts.engines import open_configured_store
 from proxy.accounts.keyview import POLL_S, AccountKey, KeyView
 from proxy.accounts.ledger import Ledger, LedgerStats
-from proxy.accounts.records import UsageRecord
+from proxy.accounts.records import LedgerRow
 from proxy.accounts.store import Store
 from proxy.accounts.writer import Retention, StoreWriter
 from proxy.auth import key_digest
@@ -112,11 +112,11 @@ class Accounts:
         """``headers`` as ASGI header lines (what an answer carries)."""
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
-    def finish(self, ticket: Ticket | None, record: UsageRecord) -> None:
+    def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
         """Charge a finished request: its budgets (prompt plus completion tokens) and the ledger."""
         if ticket is not None:
-            self.budgets.charge(ticket, record.prompt_tokens + record.completion_tokens, record.at)
-        self.ledger.charge(record)
+            self.budgets.charge(ticket, row[4] + row[6], row[9])  # prompt + completion, at
+        self.ledger.charge(row)
 
     def stats(self) -> LedgerStats:
         return self.ledger.stats()
@@ -166,9 +166,9 @@ class MemoryBudgets:
     ) -> tuple[tuple[bytes, bytes], ...]:
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
-    def finish(self, ticket: Ticket | None, record: UsageRecord) -> None:
+    def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
         if ticket is not None:
-            self.budgets.charge(ticket, record.prompt_tokens + record.completion_tokens, record.at)
+            self.budgets.charge(ticket, row[4] + row[6], row[9])  # prompt + completion, at
 
 
 def has_budgets(tenants: Iterable[TenantSettings]) -> bool:

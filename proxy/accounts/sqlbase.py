@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from proxy.accounts.records import Batch, GroupBy, KeyRecord, UsageRecord, UsageRow, WindowEntry
+from proxy.accounts.records import Batch, GroupBy, KeyRecord, LedgerRow, UsageRecord, UsageRow, WindowEntry
 from proxy.accounts.store import StoreError
 from proxy.settings import BudgetSettings, Scope
 
@@ -148,18 +148,22 @@ def key_row(key: KeyRecord) -> tuple[Any, ...]:
     )
 
 
-def hourly_sums(usage: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
-    """A batch's usage rows summed by (hour, tenant, key, model, kind): the rollup's increments."""
+def hourly_sums(usage: Sequence[LedgerRow]) -> list[tuple[Any, ...]]:
+    """A batch's usage rows summed by (hour, tenant, key, model, kind): the rollup's increments. (The
+    writer's, once per row: the fields by position, ``UsageRecord``'s order.)"""
     hourly: dict[tuple[int, str, str, str, str], list[float]] = {}
-    for u in usage:
-        group = (int(u.at // HOUR) * HOUR, u.tenant, u.key_id, u.model, u.kind)
-        sums = hourly.setdefault(group, [0, 0, 0, 0, 0, 0.0])
+    for tenant, key_id, model, kind, prompt, cached, completion, status, duration, at, _ in usage:
+        group = (int(at // HOUR) * HOUR, tenant, key_id, model, kind)
+        sums = hourly.get(group)
+        if sums is None:
+            sums = hourly[group] = [0, 0, 0, 0, 0, 0.0]
         sums[0] += 1
-        sums[1] += 1 if u.status >= 400 else 0
-        sums[2] += u.prompt_tokens
-        sums[3] += u.cached_tokens
-        sums[4] += u.completion_tokens
-        sums[5] += u.duration_s
+        if status >= 400:
+            sums[1] += 1
+        sums[2] += prompt
+        sums[3] += cached
+        sums[4] += completion
+        sums[5] += duration
     return [(*group, *(int(v) for v in sums[:5]), sums[5]) for group, sums in hourly.items()]
 
 
@@ -181,7 +185,7 @@ class SqlStore:
         """Whether a failed insert failed on a primary key taken already."""
         raise NotImplementedError
 
-    def _write_usage(self, conn: Conn, rows: Sequence[UsageRecord], sums: list[tuple[Any, ...]]) -> None:
+    def _write_usage(self, conn: Conn, rows: Sequence[LedgerRow], sums: list[tuple[Any, ...]]) -> None:
         conn.executemany(INSERT_USAGE, rows)
         conn.executemany(INSERT_HOURLY + UPSERT_HOURLY, sums)
 
@@ -257,7 +261,7 @@ class SqlStore:
     def write(self, batch: Batch) -> None:
         if not batch:
             return
-        rows = batch.usage  # a UsageRecord is a tuple of the columns of USAGE_COLUMNS, in order
+        rows = batch.usage  # a LedgerRow is a tuple of the columns of USAGE_COLUMNS, in order
         sums = hourly_sums(rows)
         with self._tx("write the usage ledger") as conn:
             if rows:

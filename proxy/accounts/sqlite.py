@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from proxy.accounts.lockfile import DaemonLock
 from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, migrations, statements
-from proxy.accounts.records import KeyRecord, UsageRecord
+from proxy.accounts.records import KeyRecord, LedgerRow
 from proxy.accounts.sqlbase import (
     HOURLY_COLUMNS,
     KEYS_VERSION,
@@ -294,7 +294,7 @@ class SqliteStore(SqlStore):
 
     # -- the writer's batch -------------------------------------------------------------------------
 
-    def _write_usage(self, conn: Conn, rows: Sequence[UsageRecord], sums: list[tuple[Any, ...]]) -> None:
+    def _write_usage(self, conn: Conn, rows: Sequence[LedgerRow], sums: list[tuple[Any, ...]]) -> None:
         _insert_rows(conn, _INSERT_USAGE_ROWS, rows)
         if sums:
             _insert_rows(conn, _INSERT_HOURLY_ROWS, sums, UPSERT_HOURLY)

@@ -18,7 +18,7 @@ every step does nothing) and calls it at two points, each a line in ``proxy.rout
 
 At the end (``__exit__``): a request that reached the child is charged the usage the child reported (a
 client that left: the completion tokens the meter counted until then, and the prompt if it was
-reported) to the budgets and the ledger (``UsageRecord``: never a prompt or a completion), and the
+reported) to the budgets and the ledger (a ``LedgerRow``: never a prompt or a completion), and the
 ``llamagate_usage_tokens`` series; one that never reached it (refused later, timed out in the queue, the
 client left while it waited) only gives its budget hold back.
 
@@ -34,7 +34,7 @@ import time
 from types import TracebackType
 
 from proxy.accounts.budgets import Refusal, Ticket
-from proxy.accounts.records import UsageRecord
+from proxy.accounts.records import LedgerRow
 from proxy.accounts.service import Accounts, MemoryBudgets
 from proxy.asgi.context import RequestContext
 from proxy.asgi.disconnect import ClientGone
@@ -151,7 +151,7 @@ class Charge:
         if (usage is None or not usage.reported) and meter is not None:
             completion = max(completion, meter.tokens)  # cut short: what was generated until then
         who = self.who
-        record = UsageRecord(
+        row: LedgerRow = (
             who.tenant,
             who.key_id,
             self._model,
@@ -164,7 +164,7 @@ class Charge:
             now,
             ctx.request_id,
         )
-        self._accounts.finish(ticket, record)
+        self._accounts.finish(ticket, row)
         if self._shared is not None:
             self._charge_shared(prompt + completion)
         self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)

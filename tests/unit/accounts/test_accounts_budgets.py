@@ -7,6 +7,7 @@ import gc
 import heapq
 import math
 import random
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -520,3 +521,99 @@ def test_without_a_writer_queued_charges_still_expire_on_time() -> None:
         (b"x-ratelimit-remaining-requests", b"2"),
         (b"x-ratelimit-reset-requests", b"0s"),
     )
+
+
+def _state(w: Window, at: float) -> tuple[object, ...]:
+    """What a window answers around ``at``: counts, reset, waits, its store groups (read last)."""
+    probes = (at, at + 30.5, at + 60, at + 61.5, at + 120, at + 86_400)
+    return (
+        len(w),
+        w.latest,
+        tuple(w.used(t) for t in (at,)),
+        w.reset_in(at),
+        w.wait_below(at, 2),
+        w.wait_below(at, max(1, w.used(at) // 2)),
+        w.changed_groups(),
+        tuple(w.used(t) for t in probes),
+    )
+
+
+@pytest.mark.parametrize("width", [0.0, 60.0])
+def test_queued_charges_entered_in_bulk_give_the_windows_the_charges_one_by_one_give(width: float) -> None:
+    """``Window.extend`` (the settling of queued charges) against ``add`` per charge in time order, over
+    random batches: one source of rising times (the bulk path), equal times, several sources, a batch
+    not after the newest entry, bucket boundaries crossed, requests (amounts None) and tokens."""
+    rng = random.Random(7)
+    for case in range(300):
+        bulk, single = Window(60.0, width), Window(60.0, width)
+        at = T0 + rng.random() * 100
+        for _ in range(rng.randint(1, 6)):
+            sources = []
+            for _ in range(rng.choice((1, 1, 1, 2, 3))):
+                count = rng.randint(1, 40)
+                start = at + rng.uniform(-2.0, 1.0)
+                steps = [0.0 if rng.random() < 0.05 else rng.random() * 0.3 for _ in range(count)]
+                times = array("d", [start + sum(steps[: i + 1]) for i in range(count)])
+                ones = rng.random() < 0.4
+                amounts = None if ones else array("d", [float(rng.randint(0, 500)) for _ in range(count)])
+                sources.append((times, amounts))
+            bulk.extend(sources)
+            charges = sorted(
+                (t, 1 if a is None else int(n))
+                for times, a in sources
+                for t, n in zip(times, [1.0] * len(times) if a is None else a, strict=True)
+            )
+            for t, n in charges:
+                single.add(t, n)
+            at = max(at, charges[-1][0]) + rng.uniform(0.0, 40.0)
+            assert _state(bulk, at) == _state(single, at), case
+
+
+def test_one_plans_queue_of_rising_times_goes_into_its_windows_in_bulk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer's settling of a busy caller's queue: no ``add`` per charge in the minute windows (each
+    charge was one per window: six per request), one per window in the day's."""
+    limits = BudgetSettings(tokens_per_minute=10**9, tokens_per_day=10**12, requests_per_minute=10**6)
+    b = Budgets({"t": limits})
+    at = (T0 // 60) * 60 + 1.0  # every charge inside one minute of the day window
+    for i in range(500):
+        ticket = b.check("t", "k", at + i * 0.01, reserve=100)
+        assert isinstance(ticket, Ticket)
+        b.charge(ticket, 30, at + i * 0.01 + 0.005)
+    adds: list[float] = []
+    real_add = Window.add
+
+    def counted_add(w: Window, now: float, amount: int) -> float:
+        adds.append(w.width)
+        return real_add(w, now, amount)
+
+    monkeypatch.setattr(Window, "add", counted_add)
+    b.take_dirty(at + 6)
+    assert adds == [60.0, 60.0]  # the day windows of the tenant and the key, once each
+    assert b.used("tenant", "t", "tokens_per_minute", at + 6) == 500 * 30
+    assert b.used("key", "k", "requests_per_minute", at + 6) == 500
+    assert b.used("tenant", "t", "tokens_per_day", at + 6) == 500 * 30
+
+
+@pytest.mark.parametrize("width", [0.0, 60.0])
+def test_an_entry_stops_counting_exactly_when_its_expiry_says_where_rounding_differs(width: float) -> None:
+    """Expiry finds the dead prefix by bisection on ``now - (width + span)``, which rounds differently
+    from ``key + width + span <= now`` for small keys: at every instant one ulp around each entry's
+    expiry the count is that of the exact test."""
+    rng = random.Random(3)
+    after = width + 60.0
+    for _ in range(200):
+        keys = sorted({rng.random() * rng.choice((1e-3, 1.0, 10.0)) for _ in range(rng.randint(1, 12))})
+        if width:
+            keys = sorted({(k // width) * width for k in keys})
+        for probe in keys:
+            for now in (
+                math.nextafter(probe + after, -math.inf),
+                probe + after,
+                math.nextafter(probe + after, math.inf),
+            ):
+                window = Window(60.0, width)
+                for k in keys:
+                    window.add(k, 1)
+                assert window.used(now) == sum(1 for k in keys if not k + after <= now), (keys, now)

@@ -6,6 +6,7 @@ rate-limit headers, the usage each answer is charged, and the admin routes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
@@ -164,6 +165,27 @@ async def test_a_non_streamed_answer_is_charged_exactly_its_usage(served: Served
             200,
         )
         assert rec.request_id == r.headers["x-request-id"] and rec.duration_s > 0
+
+
+async def test_the_row_a_request_queues_for_the_ledger_is_no_work_for_the_garbage_collector(
+    proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """Up to a second of rows waits in the ledger's queue. A plain tuple of strings and numbers is
+    untracked by the collector's first pass; a named tuple never is, and every young collection would
+    walk (and promote) each waiting row."""
+    configured = tenants()
+    accounts = Accounts(open_store(tmp_path / "llamagate.db"), configured, interval_s=3600.0)
+    accounts.start()  # the writer waits for a full batch or an hour: the row stays queued
+    try:
+        async with proxy_factory(accounts=accounts, tenants=configured) as p, p.client("admin") as c:
+            r = await c.post("/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200
+            (row,) = accounts.ledger.take()[0]
+            gc.collect()
+            assert not gc.is_tracked(row)
+            assert row[:4] == ("ops", p.entries["admin"].key_id, "gemma-3-270m", "chat")
+    finally:
+        accounts.close()
 
 
 async def test_a_stream_that_did_not_ask_for_usage_is_charged_from_its_timings_and_left_alone(
