@@ -73,12 +73,31 @@ def _rows_sql(head: str, width: int, count: int, tail: str) -> str:
 
 
 def _insert_rows(conn: Conn, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
-    """``rows`` (all of one width) in statements of up to ``ROWS_PER_STATEMENT`` rows each."""
-    for start in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[start : start + ROWS_PER_STATEMENT]
-        conn.execute(
-            _rows_sql(head, len(chunk[0]), len(chunk), tail), list(itertools.chain.from_iterable(chunk))
-        )
+    """``rows`` (all of one width) in statements of ``ROWS_PER_STATEMENT`` rows, and the rest in
+    statements of a power of two rows each (``statement_sizes``)."""
+    start = 0
+    for count in statement_sizes(len(rows)):
+        chunk = rows[start : start + count]
+        start += count
+        conn.execute(_rows_sql(head, len(chunk[0]), count, tail), list(itertools.chain.from_iterable(chunk)))
+
+
+def statement_sizes(rows: int) -> Iterator[int]:
+    """How many rows each statement of a batch of ``rows`` holds: as many ``ROWS_PER_STATEMENT`` as fit,
+    then the rest as a sum of powers of two (485: 256, 128, 64, 32, 4, 1). So a batch of any size is
+    made of at most ten statement texts per table, each prepared once and then found in the sqlite3
+    module's statement cache; a statement of exactly the rest's size would be a new text for most
+    batches (the writer's are as large as what came in since the last one), and SQLite parsing a
+    statement of hundreds of rows again cost more than inserting them (7.0 against 4.3 us a row)."""
+    while rows >= ROWS_PER_STATEMENT:
+        yield ROWS_PER_STATEMENT
+        rows -= ROWS_PER_STATEMENT
+    size = 1 << (ROWS_PER_STATEMENT.bit_length() - 1)
+    while rows:
+        if rows >= size:
+            yield size
+            rows -= size
+        size >>= 1
 
 
 State = Literal["absent", "empty", "unmarked", "ours"]

@@ -15,7 +15,7 @@ import pytest
 from proxy.accounts.ledger import Ledger
 from proxy.accounts.records import Batch, UsageRecord
 from proxy.accounts.sqlbase import SqlStore
-from proxy.accounts.sqlite import ROWS_PER_STATEMENT, open_store
+from proxy.accounts.sqlite import ROWS_PER_STATEMENT, _rows_sql, open_store, statement_sizes
 from proxy.accounts.writer import Retention, StoreWriter
 from tests.unit.accounts.conftest import wait_until
 
@@ -114,6 +114,29 @@ def test_a_batch_larger_than_one_statement_is_written_whole(store: SqlStore) -> 
     assert sum(r.completion_tokens for r in by_model) == sum(r.completion_tokens for r in rows)
     store.write(Batch(usage=tuple(rows[:3])))  # the rollup's upsert adds to the groups it finds
     assert sum(r.requests for r in store.usage(by="model")) == count + 3
+
+
+def test_batches_of_any_size_are_written_whole_from_a_few_statement_texts(tmp_path: Path) -> None:
+    """SQLite's batches are statements of ``ROWS_PER_STATEMENT`` rows and of powers of two for the rest:
+    batches of every size from 1 to past two statements are written whole, from at most ten statement
+    texts per table (each prepared once, then taken from the statement cache: a text of the rest's own
+    size would be parsed again for nearly every batch)."""
+    store = open_store(tmp_path / "llamagate.db")
+    try:
+        _rows_sql.cache_clear()
+        sizes = [*range(1, 70), *range(ROWS_PER_STATEMENT - 40, 2 * ROWS_PER_STATEMENT + 40, 7)]
+        start = 0
+        for size in sizes:
+            store.write(Batch(usage=tuple(record(i, at=T0 + i) for i in range(start, start + size))))
+            start += size
+        assert len(store.usage_records()) == start
+        assert sum(r.requests for r in store.usage(by="model")) == start
+        assert _rows_sql.cache_info().currsize <= 2 * 10  # the ledger's and the rollup's statements
+    finally:
+        store.close()
+    for rows in (0, 1, 7, 255, 256, ROWS_PER_STATEMENT, ROWS_PER_STATEMENT + 1, 3 * ROWS_PER_STATEMENT - 1):
+        got = list(statement_sizes(rows))
+        assert sum(got) == rows and all(n == ROWS_PER_STATEMENT or n & (n - 1) == 0 for n in got), got
 
 
 def test_retention_prunes_rows_and_rollups_by_their_own_age(store: SqlStore) -> None:
