@@ -18,7 +18,6 @@ models, and ``active``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -75,7 +74,7 @@ class ProxyState:
         self.inflight = InFlight()
         # Opened and started by the daemon (it owns the store's life); None: no store configured.
         self.accounts = accounts
-        self._lookup = self._store_key if accounts is not None else None
+        self._lookup = accounts.find_principal if accounts is not None else None
         # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
         # budgets kept in memory, else nothing (``proxy.routes.charge``).
         self.book: Accounts | MemoryBudgets | None = accounts
@@ -153,12 +152,6 @@ class ProxyState:
         ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
         require(principal, access)
         return principal
-
-    def _store_key(self, key_id: str, token: str) -> Principal | None:
-        """A key the config does not hold, from the store's view (in memory; revoked and expired: None)."""
-        assert self.accounts is not None
-        key = self.accounts.find_key(key_id, token, time.time())
-        return key.principal if key is not None else None
 
     def tenant(self, name: str) -> TenantSettings:
         settings = self.tenants.get(name)

@@ -34,9 +34,9 @@ charges in time order: by the writer (``take_dirty``), and before anything needs
 exact all along. The writer persists the window groups charged since its last batch (``take_dirty``); a
 restart restores them (``restore``).
 
-Thread model: ``check``, ``charge``, ``release`` and ``headers`` are called on the request path (the
-event loop); ``take_dirty`` by the writer thread. One lock guards the state; nothing under it blocks
-(the writer's settling holds it for a batch's entries: about a microsecond each).
+Thread model: ``admit`` (``check``), ``charge``, ``release`` and ``header_lines`` are called on the
+request path (the event loop); ``take_dirty`` by the writer thread. One lock guards the state; nothing
+under it blocks (the writer's settling holds it for a batch's entries: about a microsecond each).
 """
 
 from __future__ import annotations
@@ -69,17 +69,30 @@ _PLAN_CACHE = 10_000
 # expires once entered, so any wait well inside the shortest span (a minute) keeps every count exact.
 _SETTLE_AT = 1024
 SETTLE_AFTER_S = 5.0
-_NO_LINES: tuple[tuple[bytes, bytes], ...] = ()
+# A window's entries are expired on the request path once they are this overdue (``Budgets.admit``).
+EXPIRY_LAG_S = 1.0
+_NO_LINES = b""
 
 WindowId = tuple[Subject, str, BudgetName]
 _Pick = tuple[int, int, Window]  # a budget the headers show: (remaining, limit, its window)
 
 
 class Ticket:
-    """One admitted request's claim on the budgets; charge or release it exactly once. (A plain class:
-    one is made per request, and a dataclass's generated ``__init__`` costs more.)"""
+    """One request's claim on the budgets: made by the caller (``proxy.routes.charge.Charge`` is one),
+    admitted by ``Budgets.admit``, then charged or released exactly once. (A plain class: one is made
+    per request, and a dataclass's generated ``__init__`` costs more.)"""
 
-    __slots__ = ("headers", "holds", "key_budgets", "key_id", "plan", "reserve", "settled", "tenant")
+    __slots__ = (
+        "headers",
+        "held_in",
+        "key_budgets",
+        "key_id",
+        "over_in",
+        "plan",
+        "reserve",
+        "settled",
+        "tenant",
+    )
 
     def __init__(
         self, tenant: str, key_id: str, reserve: int | None, key_budgets: BudgetSettings | None = None
@@ -88,13 +101,16 @@ class Ticket:
         self.key_id = key_id
         self.reserve = reserve
         self.key_budgets = key_budgets
-        # (a window's holds, True when this request is its overshooter, else it holds ``reserve``)
-        self.holds: Sequence[tuple[_Holds, bool]] = ()
+        # The holds it took once admitted: those it holds ``reserve`` of (for most requests the plan's
+        # own tuple, shared: nothing is built per request), those whose overshooter it is.
+        self.held_in: Sequence[_Holds] = ()
+        self.over_in: Sequence[_Holds] = ()
         self.settled = False
         # OpenAI's rate-limit headers as admission left the windows (this request's hold counted), for
-        # its answer, as ASGI header lines; empty without budgets.
-        self.headers: tuple[tuple[bytes, bytes], ...] = _NO_LINES
-        # The windows admission found for it: its charge needs no second lookup while they stand.
+        # its answer, rendered (``proxy.asgi.head``); empty without budgets.
+        self.headers = _NO_LINES
+        # The windows admission found for it (None until admitted): its charge needs no second lookup
+        # while they stand.
         self.plan: _Plan | None = None
 
 
@@ -145,26 +161,53 @@ _HEADER_NAMES = {
     kind: (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
     for kind in ("requests", "tokens")
 }
-
-
-_HEADER_LINES = {kind: tuple(n.encode() for n in names) for kind, names in _HEADER_NAMES.items()}
-_TOKEN_LINES, _REQUEST_LINES = _HEADER_LINES["tokens"], _HEADER_LINES["requests"]
-# Header lines made once and handed to every answer that shows the same figure: per limit, and per reset
-# by the millisecond (answers a moment apart share their resets), one table per header. Each a bound,
-# not an eviction policy.
-_LinesCache = dict[int, tuple[bytes, bytes]]
-_TOKEN_LIMITS: _LinesCache = {}
-_TOKEN_RESETS: _LinesCache = {}
-_REQUEST_LIMITS: _LinesCache = {}
-_REQUEST_RESETS: _LinesCache = {}
+_LinesCache = dict[int, bytes]
 _LINES_CACHE = 10_000
+_ceil = math.ceil
 
 
-def _line(cache: _LinesCache, name: bytes, value: int, text: bytes) -> tuple[bytes, bytes]:
+class _HeaderKind:
+    """One kind's three header lines, rendered (``proxy.asgi.head``: fixed names, digits and durations),
+    the limit and reset lines made once and handed to every answer that shows the same figure: per limit,
+    and per reset by the millisecond (answers a moment apart share their resets). Each table a bound,
+    not an eviction policy."""
+
+    __slots__ = ("limit_name", "limits", "remaining_name", "reset_name", "resets")
+
+    def __init__(self, kind: str) -> None:
+        self.limit_name, self.remaining_name, self.reset_name = (n.encode() for n in _HEADER_NAMES[kind])
+        self.limits: _LinesCache = {}
+        self.resets: _LinesCache = {}
+
+    def lines(self, remaining: int, limit: int, window: Window, now: float) -> bytes:
+        """The kind's three lines: the limit and reset lines looked up (made once), the remaining made.
+        (Every answer's: a width-0 window's ``reset_in`` is written out.)"""
+        seconds = window.reset_in(now) if window.width else window.latest + window.span - now
+        ms = _ceil(seconds * 1000) if seconds > 0 else 0
+        return b"".join(
+            (
+                self.limits.get(limit) or _line(self.limits, self.limit_name, limit, b"%d" % limit),
+                self.remaining_name,
+                b": %d\r\n" % remaining if remaining > 0 else b": 0\r\n",  # ``_render``, written out
+                self.resets.get(ms) or _line(self.resets, self.reset_name, ms, _duration_text(ms)),
+            )
+        )
+
+
+_TOKEN, _REQUEST = _HeaderKind("tokens"), _HeaderKind("requests")
+
+
+def _line(cache: _LinesCache, name: bytes, value: int, text: bytes) -> bytes:
     if len(cache) >= _LINES_CACHE:
         cache.clear()
-    line = cache[value] = (name, text)
-    return line
+    rendered = cache[value] = _render(name, text)
+    return rendered
+
+
+def _render(name: bytes, value: bytes) -> bytes:
+    """A header line as an answer's head holds it (``proxy.asgi.head``): the name and value are the
+    budgets' own (fixed names, digits, durations), never a client's or the child's bytes."""
+    return name + b": " + value + b"\r\n"
 
 
 def openai_duration(seconds: float) -> str:
@@ -200,6 +243,12 @@ class _Plan:
     tokens: tuple[Window, ...]
     # The headers name the kind of the first budget in ``limits`` first.
     tokens_first: bool = True
+    # ``limits`` by kind, in order, for ``Budgets.admit``'s common case: (window, limit, holds) of the
+    # token budgets, (window, limit) of the request budgets; and the token budgets' holds, what a request
+    # admitted for its reserve in each of them holds (``Ticket.held_in``).
+    token_limits: tuple[tuple[Window, int, _Holds], ...] = ()
+    request_limits: tuple[tuple[Window, int], ...] = ()
+    token_holds: tuple[_Holds, ...] = ()
     # The windows of a subject without any budget, kept so that a budget it is given later starts from
     # its real recent usage: nothing reads them on the request path, so their charges are only queued.
     later_requests: tuple[Window, ...] = ()
@@ -326,6 +375,9 @@ class Budgets:
             windows(("requests_per_minute",), True),
             windows(_TOKENS, True),
             tokens_first=bool(limits) and limits[0][3] is not None,
+            token_limits=tuple((w, limit, h) for _, w, limit, h in limits if h is not None),
+            request_limits=tuple((w, limit) for _, w, limit, h in limits if h is None),
+            token_holds=tuple(h for _, _, _, h in limits if h is not None),
             later_requests=windows(("requests_per_minute",), False),
             later_tokens=windows(_TOKENS, False),
         )
@@ -343,70 +395,163 @@ class Budgets:
         key_budgets: BudgetSettings | None = None,
         reserve: int | None = None,
     ) -> Ticket | Refusal:
-        """Admit a request (a ``Ticket``, which counts it against ``requests_per_minute`` now) or refuse
-        it (the refusal whose wait is longest, so that a retry then finds room in every budget)."""
-        ticket = Ticket(tenant, key_id, reserve, key_budgets)
+        """``admit`` a new ticket of this tenant and key."""
+        return self.admit(Ticket(tenant, key_id, reserve, key_budgets), now)
+
+    def admit(self, ticket: Ticket, now: float) -> Ticket | Refusal:
+        """Admit a request (its ``ticket``, now counted against ``requests_per_minute`` and holding its
+        part of the token budgets) or refuse it (the refusal whose wait is longest, so that a retry then
+        finds room in every budget).
+
+        Runs for every request, so a window's count is read as it stands (``total + pending``), its
+        entries expired only once they are ``EXPIRY_LAG_S`` overdue (the writer's batches expire them
+        sooner) or when the count as it stands would refuse: an entry that has just expired may still
+        count for a moment, never one that should count (the bound holds), and no request is refused
+        for an expired one. The common case, a request with a reserve that every budget has room for as
+        it stands, is checked first; anything else is decided by ``_admit_exactly``."""
+        reserve = ticket.reserve
         with self._lock:
             if now >= self._settle_by:
                 self._settle()
-            plan = self._plan(tenant, key_id, key_budgets)
+            plan = self._plans.get((ticket.tenant, ticket.key_id))
+            if (
+                plan is None
+                or plan.generation != self._generation
+                or (plan.key_budgets is not ticket.key_budgets and plan.key_budgets != ticket.key_budgets)
+            ):
+                plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
             if not plan.limits:  # no budget at all: counted, nothing to check
                 self._queue_request(plan, now)
                 ticket.plan = plan
                 return ticket
-            holds: list[tuple[_Holds, bool]] = []
-            refusal: Refusal | None = None
-            # The headers' figures as admitting it leaves them, found on the way: of each kind, the
-            # budget with the least room left (remaining, limit, window).
-            requests: _Pick | None = None
-            tokens: _Pick | None = None
-            for wid, window, limit, h in plan.limits:
-                used = window.total + window.pending if now < window.horizon else window.used(now)
-                if h is None:  # requests_per_minute
-                    if used >= limit:
-                        self._settle()  # the wait is read off the entries: all of them in
-                        after = window.wait_below(now, limit) or 0.0
-                        refusal = _longest(refusal, Refusal(wid[0], wid[1], wid[2], limit, used, after))
-                        continue
-                    remaining = limit - used - 1
-                    if requests is None or remaining < requests[0]:
-                        requests = (remaining, limit, window)
-                    continue
-                if reserve is not None and used + h.held + reserve <= limit:
-                    holds.append((h, False))
-                    remaining = limit - used - h.held - reserve
-                elif h.overshooter is None and used + h.held < limit:
-                    holds.append((h, True))
-                    remaining = limit - used - h.held
-                else:
-                    # Room once enough charged tokens expire, given the holds stay; holds alone, or the
-                    # overshooter still running: at least the in-flight guess.
-                    self._settle()  # the wait is read off the entries: all of them in
-                    wait = window.wait_below(now, limit - h.held)
-                    after = wait if wait is not None else IN_FLIGHT_RETRY_S
-                    if h.overshooter is not None:
-                        after = max(after, IN_FLIGHT_RETRY_S)
-                    why = Refusal(wid[0], wid[1], wid[2], limit, used, after, in_flight=used < limit)
-                    refusal = _longest(refusal, why)
-                    continue
-                if tokens is None or remaining < tokens[0]:
-                    tokens = (remaining, limit, window)
-            if refusal is not None:
-                return refusal
-            for h, over in holds:
-                if over:
-                    h.overshooter = ticket
-                else:
-                    h.held += reserve or 0
+            # The headers' figures as admitting it leaves them: of each kind, the budget with the least
+            # room left (remaining, limit, window), in locals (nothing built per request).
+            t_window: Window | None = None
+            r_window: Window | None = None
+            t_left = t_limit = r_left = r_limit = 0
+            fits = False
+            if reserve is not None:
+                fits = True
+                for window, limit, h in plan.token_limits:
+                    used = window.total + window.pending
+                    if now >= window.horizon + EXPIRY_LAG_S:
+                        used = window.used(now)
+                    left = limit - used - h.held - reserve
+                    if left < 0:
+                        fits = False
+                        break
+                    if t_window is None or left < t_left:
+                        t_left, t_limit, t_window = left, limit, window
+                if fits:
+                    for window, limit in plan.request_limits:
+                        used = window.total + window.pending
+                        if now >= window.horizon + EXPIRY_LAG_S:
+                            used = window.used(now)
+                        left = limit - used - 1
+                        if left < 0:
+                            fits = False
+                            break
+                        if r_window is None or left < r_left:
+                            r_left, r_limit, r_window = left, limit, window
+                if fits:
+                    for h in plan.token_holds:
+                        h.held += reserve
+                    ticket.held_in = plan.token_holds
+            if not fits:
+                decided = self._admit_exactly(ticket, plan, now)
+                if isinstance(decided, Refusal):
+                    return decided
+                t_left, t_limit, t_window, r_left, r_limit, r_window = decided
             for window in plan.requests:
                 window.pending += 1
                 if now > window.latest:
                     window.latest = now
-            self._queue_request(plan, now)
-            ticket.headers = _lines(plan.tokens_first, tokens, requests, now)
+            queue = plan.queued_requests  # ``_queue_request``, written out
+            queue.append(now)
+            if not plan.queued:
+                self._enqueue(plan, now)
+            elif len(queue) >= _SETTLE_AT:
+                self._settle()
+            t = _NO_LINES if t_window is None else _TOKEN.lines(t_left, t_limit, t_window, now)
+            r = _NO_LINES if r_window is None else _REQUEST.lines(r_left, r_limit, r_window, now)
+            ticket.headers = t + r if plan.tokens_first else r + t
             ticket.plan = plan
-        ticket.holds = holds
         return ticket
+
+    def _admit_exactly(
+        self, ticket: Ticket, plan: _Plan, now: float
+    ) -> Refusal | tuple[int, int, Window | None, int, int, Window | None]:
+        """Under the lock, for a request ``admit``'s common case did not decide: every budget of its plan
+        in order, on exact counts where the count as it stands would not do. Its refusal, or its holds
+        taken and the headers' figures (tokens, then requests: remaining, limit, window)."""
+        reserve = ticket.reserve
+        refusal: Refusal | None = None
+        overshoots = False  # some token budget admits it as its overshooter, not for its reserve
+        t_window: Window | None = None
+        r_window: Window | None = None
+        t_left = t_limit = r_left = r_limit = 0
+        for wid, window, limit, h in plan.limits:
+            used = window.used(now) if now >= window.horizon + EXPIRY_LAG_S else window.total + window.pending
+            if h is None:  # requests_per_minute
+                if used >= limit and now >= window.horizon:
+                    used = window.used(now)  # as it stands it would refuse: count exactly
+                if used < limit:
+                    if r_window is None or limit - used - 1 < r_left:
+                        r_left, r_limit, r_window = limit - used - 1, limit, window
+                    continue
+                self._settle()  # the wait is read off the entries: all of them in
+                after = window.wait_below(now, limit) or 0.0
+                refusal = _longest(refusal, Refusal(wid[0], wid[1], wid[2], limit, used, after))
+                continue
+            held = h.held
+            if used + held + (reserve or 1) > limit and now >= window.horizon:
+                used = window.used(now)  # as it stands it would not fit: count exactly
+            if reserve is not None and used + held + reserve <= limit:
+                left = limit - used - held - reserve
+            elif h.overshooter is None and used + held < limit:
+                overshoots = True
+                left = limit - used - held
+            else:
+                # Room once enough charged tokens expire, given the holds stay; holds alone, or the
+                # overshooter still running: at least the in-flight guess.
+                self._settle()  # the wait is read off the entries: all of them in
+                wait = window.wait_below(now, limit - held)
+                after = wait if wait is not None else IN_FLIGHT_RETRY_S
+                if h.overshooter is not None:
+                    after = max(after, IN_FLIGHT_RETRY_S)
+                why = Refusal(wid[0], wid[1], wid[2], limit, used, after, in_flight=used < limit)
+                refusal = _longest(refusal, why)
+                continue
+            if t_window is None or left < t_left:
+                t_left, t_limit, t_window = left, limit, window
+        if refusal is not None:
+            return refusal
+        if overshoots:
+            self._hold_each(ticket, plan, now)
+        elif plan.token_holds:  # every token budget admitted it for its reserve (so it has one)
+            amount = reserve or 0
+            for h in plan.token_holds:
+                h.held += amount
+            ticket.held_in = plan.token_holds
+        return t_left, t_limit, t_window, r_left, r_limit, r_window
+
+    def _hold_each(self, ticket: Ticket, plan: _Plan, now: float) -> None:
+        """Under the lock, for a ticket ``admit`` found room for: its reserve in the token budgets that
+        have room for it, the overshooter's place in the others (the same tests ``admit`` made, on the
+        same windows: nothing changed them in between)."""
+        reserve = ticket.reserve
+        held_in: list[_Holds] = []
+        over_in: list[_Holds] = []
+        for _, window, limit, h in plan.limits:
+            if h is None:
+                continue
+            if reserve is not None and window.used(now) + h.held + reserve <= limit:
+                h.held += reserve
+                held_in.append(h)
+            else:
+                h.overshooter = ticket
+                over_in.append(h)
+        ticket.held_in, ticket.over_in = held_in, over_in
 
     def _queue_request(self, plan: _Plan, now: float) -> None:
         """Under the lock: an admitted request, queued for its requests_per_minute windows."""
@@ -431,12 +576,13 @@ class Budgets:
             if ticket.settled:
                 return
             ticket.settled = True
-            for h, over in ticket.holds:
-                if over:
-                    if h.overshooter is ticket:
-                        h.overshooter = None
-                else:
-                    h.held -= ticket.reserve or 0
+            if ticket.held_in:
+                reserve = ticket.reserve or 0
+                for h in ticket.held_in:
+                    h.held -= reserve
+            for h in ticket.over_in:
+                if h.overshooter is ticket:
+                    h.overshooter = None
             if tokens > 0:
                 plan = ticket.plan
                 if plan is None or plan.generation != self._generation:
@@ -459,21 +605,20 @@ class Budgets:
     ) -> dict[str, str]:
         """OpenAI's rate-limit headers for this tenant and key: of all their token budgets (and of all
         their request budgets) the one with the least room left. Empty without budgets."""
-        return {k.decode(): v.decode() for k, v in self.header_lines(tenant, key_id, now, key_budgets)}
+        lines = self.header_lines(tenant, key_id, now, key_budgets).decode()
+        return dict(text.split(": ", 1) for text in lines.split("\r\n") if text)
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, key_budgets: BudgetSettings | None = None
-    ) -> tuple[tuple[bytes, bytes], ...]:
-        """The same headers as ASGI header lines."""
+    ) -> bytes:
+        """The same headers, rendered (``proxy.asgi.head``)."""
         with self._lock:
             if now >= self._settle_by:
                 self._settle()
             limits = self._plan(tenant, key_id, key_budgets).limits
-            return self._headers(limits, now) if limits else ()
+            return self._headers(limits, now) if limits else _NO_LINES
 
-    def _headers(
-        self, limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...], now: float
-    ) -> tuple[tuple[bytes, bytes], ...]:
+    def _headers(self, limits: tuple[tuple[WindowId, Window, int, _Holds | None], ...], now: float) -> bytes:
         """Under the lock."""
         requests: _Pick | None = None
         tokens: _Pick | None = None
@@ -532,28 +677,11 @@ class Budgets:
                 self._unsaved[((e.subject, e.name, e.budget), e.at)] = e
 
 
-def _lines(
-    tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float
-) -> tuple[tuple[bytes, bytes], ...]:
+def _lines(tokens_first: bool, tokens: _Pick | None, requests: _Pick | None, now: float) -> bytes:
     """The header lines of the picked budgets, of the kind whose budget comes first first."""
-    t = _kind_lines(_TOKEN_LINES, _TOKEN_LIMITS, _TOKEN_RESETS, tokens, now)
-    r = _kind_lines(_REQUEST_LINES, _REQUEST_LIMITS, _REQUEST_RESETS, requests, now)
+    t = _NO_LINES if tokens is None else _TOKEN.lines(*tokens, now)
+    r = _NO_LINES if requests is None else _REQUEST.lines(*requests, now)
     return t + r if tokens_first else r + t
-
-
-def _kind_lines(
-    names: tuple[bytes, ...], limits: _LinesCache, resets: _LinesCache, pick: _Pick | None, now: float
-) -> tuple[tuple[bytes, bytes], ...]:
-    """One kind's three lines: the limit and reset lines looked up (made once), the remaining made."""
-    if pick is None:
-        return _NO_LINES
-    remaining, limit, window = pick
-    ms = math.ceil(window.reset_in(now) * 1000)
-    return (
-        limits.get(limit) or _line(limits, names[0], limit, b"%d" % limit),
-        (names[1], b"%d" % remaining if remaining > 0 else b"0"),
-        resets.get(ms) or _line(resets, names[2], ms, _duration_text(ms)),
-    )
 
 
 def _duration_text(ms: int) -> bytes:

@@ -12,7 +12,8 @@ If the store cannot be read, the view keeps the keys it has (one log line; the n
 is back): a broken disk must not lock every client out, and a revocation made while the store is
 unreadable could not have been written anyway.
 
-``touch`` records a key's last use in memory; the writer stores those in its batches, never per request.
+``touch`` records a key's last use in memory (to the second: a use within a second of the one recorded
+is not written again); the writer stores those in its batches, never per request.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from proxy.settings import BudgetSettings
 log = logging.getLogger("llamagate.accounts")
 
 POLL_S = 0.2
+TOUCH_EVERY_S = 1.0
 _KEY_RE = re.compile(r"lg_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 _NO_DIGEST = "sha256:" + "0" * 64
 
@@ -104,6 +106,11 @@ class KeyView:
         return self.find(match.group(1), key_digest(token), now)
 
     def touch(self, key_id: str, now: float) -> None:
+        # A key touched less than a second ago is left as it is (the lock and the write skipped: most
+        # requests come from keys in use), so its last use may be that much older; the writer's
+        # batches, which store it, are a second apart anyway.
+        if self._touched.get(key_id, -TOUCH_EVERY_S) + TOUCH_EVERY_S > now:
+            return
         with self._touch_lock:
             self._touched[key_id] = now
 

@@ -23,7 +23,7 @@ from proxy.accounts.ledger import Ledger, LedgerStats
 from proxy.accounts.records import LedgerRow
 from proxy.accounts.store import Store
 from proxy.accounts.writer import Retention, StoreWriter
-from proxy.auth import key_digest
+from proxy.auth import Principal, key_digest
 from proxy.settings import BudgetSettings, StoreSettings, TenantSettings
 
 
@@ -83,12 +83,16 @@ class Accounts:
             self.view.touch(key.key_id, now)
         return key
 
-    def find_key(self, key_id: str, token: str, now: float) -> AccountKey | None:
-        """``authenticate`` for a token whose shape (and id) the caller has checked already."""
+    def find_principal(self, key_id: str, token: str) -> Principal | None:
+        """``authenticate`` for a token whose shape (and id) the caller has checked already: who it is
+        (``proxy.auth.KeyTable``'s lookup of a key the config does not hold); None when revoked, expired
+        or unknown."""
+        now = time.time()
         key = self.view.find(key_id, key_digest(token), now)
-        if key is not None:
-            self.view.touch(key_id, now)
-        return key
+        if key is None:
+            return None
+        self.view.touch(key_id, now)
+        return key.principal
 
     def admit(
         self,
@@ -108,8 +112,8 @@ class Accounts:
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> tuple[tuple[bytes, bytes], ...]:
-        """``headers`` as ASGI header lines (what an answer carries)."""
+    ) -> bytes:
+        """``headers`` as an answer carries them: rendered lines (``proxy.asgi.head``)."""
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
     def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
@@ -163,7 +167,7 @@ class MemoryBudgets:
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> tuple[tuple[bytes, bytes], ...]:
+    ) -> bytes:
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
     def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:

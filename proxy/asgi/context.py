@@ -62,8 +62,8 @@ class RequestContext:
         # through the wrapper).
         self.raw_send: Send | None = None
         # Header lines every answer to this request carries, errors included, beside X-Request-ID: a
-        # budgeted caller's rate-limit headers (``proxy.routes.charge``).
-        self.extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+        # budgeted caller's rate-limit headers (``proxy.routes.charge``), rendered (``proxy.asgi.head``).
+        self.extra_headers = b""
         # 1, or 2 once the request was run again on the next child because its child died before any
         # byte of the answer reached the client (``proxy.routes.replay``). What the request record says
         # of its answer (tokens, time per token, outcome; the usage the ledger charges) is the final

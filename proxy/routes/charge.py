@@ -45,23 +45,25 @@ from proxy.metrics.proxy import ProxyMetrics
 from proxy.state import ProxyState
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Relay
-from proxy.streams.usage import UsageTap
+from proxy.streams.usage import Usage, UsageTap
+
+# What a relay without a usage tap reports: nothing (read only, never changed).
+_UNREPORTED = Usage()
 
 
-class Charge:
+class Charge(Ticket):
+    """The request's own claim on the budgets (a ``Ticket``: admitted, then charged or released once),
+    with what its charge at the end needs."""
+
     __slots__ = (
         "_accounts",
         "_ctx",
-        "_key_budgets",
         "_kind",
         "_metrics",
         "_model",
-        "_reserve",
         "_shared",
         "_shared_ticket",
-        "_ticket",
         "relay",
-        "who",
     )
 
     def __init__(
@@ -74,17 +76,14 @@ class Charge:
         kind: str,
         shared: SharedBudgets | None = None,
     ) -> None:
+        super().__init__(who.tenant, who.key_id, None, who.budgets)
         self._accounts = accounts
         self._shared = shared
         self._shared_ticket: SharedTicket | None = None
-        self._reserve: int | None = None
         self._metrics = metrics
         self._ctx = ctx
-        self.who = who
-        self._key_budgets = who.budgets
         self._model = model
         self._kind = kind
-        self._ticket: Ticket | None = None
         self.relay: Relay | None = None
 
     def __enter__(self) -> Charge:
@@ -93,39 +92,31 @@ class Charge:
     # -- at admission -------------------------------------------------------------------------------
     def admit(self, sequences: int, ctx_per_slot: int) -> None:
         """Ask the budgets; raise the 429 of a spent one (with the rate-limit headers)."""
-        who = self.who
-        reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
-        self._reserve = reserve
+        self.reserve = max(1, sequences) * ctx_per_slot if ctx_per_slot > 0 else None
         now = time.time()
         # The budgets themselves, not ``Accounts.admit`` (which only forwards): one call less per request.
-        got = self._accounts.budgets.check(
-            who.tenant, who.key_id, now, key_budgets=self._key_budgets, reserve=reserve
-        )
+        got = self._accounts.budgets.admit(self, now)
         if isinstance(got, Refusal):
             # Its rate-limit headers ride on the answer like those of any other (``extra_headers``).
-            lines = self._accounts.header_lines(who.tenant, who.key_id, now, key_budgets=self._key_budgets)
+            lines = self._accounts.header_lines(self.tenant, self.key_id, now, key_budgets=self.key_budgets)
             self._ctx.extra_headers = lines
             raise got.error()
-        self._ticket = got
-        self._ctx.extra_headers = got.headers  # every answer to it carries them, errors too
+        self._ctx.extra_headers = self.headers  # every answer to it carries them, errors too
 
     async def admit_shared(self) -> None:
         """With ``cluster.redis_url``: the same budgets as the replicas count them together in Redis
         (``proxy.cluster.budgets``), asked by the cluster limiter before it waits for a lease (so still
         before any slot or queue); raise the 429 of a spent one and give this replica's hold back."""
-        ticket = self._ticket
-        if self._shared is None or ticket is None:
+        if self._shared is None or self.plan is None:
             return
-        who = self.who
-        tenant_budgets = self._accounts.budgets.tenants.get(who.tenant)
+        tenant_budgets = self._accounts.budgets.tenants.get(self.tenant)
         got = await self._shared.check(
-            who.tenant, tenant_budgets, who.key_id, self._key_budgets, self._reserve
+            self.tenant, tenant_budgets, self.key_id, self.key_budgets, self.reserve
         )
         if isinstance(got, SharedTicket):
             self._shared_ticket = got
         elif isinstance(got, Refusal):
-            self._ticket = None
-            self._accounts.budgets.release(ticket, time.time())
+            self._accounts.budgets.release(self, time.time())  # settled: nothing is charged at the end
             raise got.error()
 
     def tap(self, fmt: StreamFormat) -> UsageTap:
@@ -135,25 +126,23 @@ class Charge:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        ticket, relay, ctx = self._ticket, self.relay, self._ctx
+        if self.plan is None or self.settled:
+            return  # refused by the budgets, or before them, or given back: nothing held
+        relay = self.relay
         now = time.time()
-        if ticket is None:
-            return  # refused by the budgets, or before them: nothing held
         if relay is None or not relay.exchange.sent:
-            self._accounts.budgets.release(ticket, now)
+            self._accounts.budgets.release(self, now)
             self._charge_shared(0)
             return
-        meter = relay.meter
-        usage = relay.usage.result(meter.reports if meter is not None else ()) if relay.usage else None
-        prompt = usage.prompt if usage is not None else 0
-        cached = usage.cached if usage is not None else 0
-        completion = usage.completion if usage is not None else 0
-        if (usage is None or not usage.reported) and meter is not None:
+        meter, tap = relay.meter, relay.usage
+        usage = tap.result(meter.reports if meter is not None else ()) if tap is not None else _UNREPORTED
+        prompt, cached, completion = usage.prompt, usage.cached, usage.completion
+        if not usage.reported and meter is not None:
             completion = max(completion, meter.tokens)  # cut short: what was generated until then
-        who = self.who
+        ctx = self._ctx
         row: LedgerRow = (
-            who.tenant,
-            who.key_id,
+            self.tenant,
+            self.key_id,
             self._model,
             self._kind,
             prompt,
@@ -164,10 +153,10 @@ class Charge:
             now,
             ctx.request_id,
         )
-        self._accounts.finish(ticket, row)
+        self._accounts.finish(self, row)
         if self._shared is not None:
             self._charge_shared(prompt + completion)
-        self._metrics.observe_usage(who.tenant, self._model, prompt, cached, completion)
+        self._metrics.observe_usage(self.tenant, self._model, prompt, cached, completion)
 
     def _charge_shared(self, tokens: int) -> None:
         if self._shared is not None and self._shared_ticket is not None:

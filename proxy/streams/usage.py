@@ -165,6 +165,9 @@ _FIGURES = {
     for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "prompt_n", "cache_n", "predicted_n")
 }
 _INDEX = re.compile(rb'"index":(\d+)')
+# The timings as llama-server writes them (server_slot_stats::to_json, in its order): cache_n, prompt_n,
+# then predicted_n after the prompt's other figures. Another order is read figure by figure.
+_TIMINGS = re.compile(rb'"timings":\{"cache_n":(\d+),"prompt_n":(\d+),[^}]*?"predicted_n":(\d+)')
 
 
 _PROMPT, _COMPLETION = _FIGURES["prompt_tokens"], _FIGURES["completion_tokens"]
@@ -179,22 +182,23 @@ def _figure(pattern: re.Pattern[bytes], event: bytes) -> int:
 
 def _openai_report(event: bytes, usage: Usage) -> None:
     """One event of an OpenAI stream that has a marker: its usage, else its timings (by choice)."""
-    if b'"usage":{' in event:
+    if event.find(b'"usage":{') >= 0:  # not ``in``: see ``proxy.streams.openai``
         usage.prompt += _figure(_PROMPT, event)
         usage.completion += _figure(_COMPLETION, event)
         usage.cached += _figure(_CACHED, event)
         usage.reported = True
         return
-    # Once per sequence of a stream: the searches written out.
-    index, processed = _INDEX.search(event), _PROMPT_N.search(event)
-    from_cache, predicted = _CACHE_N.search(event), _PREDICTED_N.search(event)
+    # Once per sequence of a stream: llama-server's own order found in one search, else each figure.
+    index = _INDEX.search(event)
     if usage.timings is None:
         usage.timings = {}
-    usage.timings[int(index.group(1)) if index else 0] = (
-        int(processed.group(1)) if processed else 0,
-        int(from_cache.group(1)) if from_cache else 0,
-        int(predicted.group(1)) if predicted else 0,
-    )
+    found = _TIMINGS.search(event)
+    if found is not None:
+        from_cache, processed, predicted = found.groups()
+        figures = (int(processed), int(from_cache), int(predicted))
+    else:
+        figures = (_figure(_PROMPT_N, event), _figure(_CACHE_N, event), _figure(_PREDICTED_N, event))
+    usage.timings[int(index.group(1)) if index else 0] = figures
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +276,7 @@ class UsageTap:
             data = reports[0] if len(reports) == 1 else b"".join(reports)
             for event in data.split(b"\n\n") if data.count(b"\n\n") > 1 else (data,):
                 for marker in fmt.markers:
-                    if marker in event:
+                    if event.find(marker) >= 0:  # not ``in``: see ``proxy.streams.openai``
                         if fmt.report is not None:
                             fmt.report(event, usage)
                         elif (obj := _data(event)) is not None:

@@ -122,11 +122,13 @@ def test_last_use_is_written_in_batches_not_per_request(store: SqlStore) -> None
     store.add_key(record)
     view = KeyView(store)
     view.refresh()
-    for t in (10.0, 20.0, 30.0):
+    for t in (10.0, 20.0, 30.0, 30.5):
         view.touch(record.key_id, t)
     assert store.get_key(record.key_id).last_used is None  # type: ignore[union-attr]
     touches = view.take_touches()
-    assert touches == ((record.key_id, 30.0),)
+    assert touches == ((record.key_id, 30.0),)  # a use within a second of the last one is not written
+    view.touch(record.key_id, 30.7)  # after the writer took them: recorded again
+    assert view.take_touches() == ((record.key_id, 30.7),)
     store.write(Batch(last_used=touches))
     assert store.get_key(record.key_id).last_used == 30.0  # type: ignore[union-attr]
     store.write(Batch(last_used=((record.key_id, 25.0),)))  # an older touch never moves it back

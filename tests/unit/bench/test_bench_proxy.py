@@ -52,7 +52,7 @@ def test_accounts_phase_runs_two_proxies_and_the_store_side_charges_every_answer
 
 def test_the_opcode_count_finds_the_accounts_work_on_the_store_side_only(tmp_path: Path) -> None:
     """``python -m tests.benchmarks.proxy_opcodes`` counts what each proxy's loop runs per request: the
-    store side runs the budgets' check and charge, the other side none of it, and more in all."""
+    store side runs the budgets' admission and charge, the other side none of it, and more in all."""
     out = tmp_path / "opcodes.json"
     argv = [sys.executable, "-m", "tests.benchmarks.proxy_opcodes", "--requests", "64", "--out", str(out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
@@ -64,4 +64,4 @@ def test_the_opcode_count_finds_the_accounts_work_on_the_store_side_only(tmp_pat
         assert counted["opcodes_per_request"]["off"] > 1000  # a request's whole path was counted
         assert counted["ratio"] > 1.0
         added = {row["function"].rsplit(":", 1)[-1] for row in counted["most_added"]}
-        assert {"Budgets.check", "Budgets.charge"} <= added, counted["most_added"]
+        assert {"Budgets.admit", "Budgets.charge"} <= added, counted["most_added"]

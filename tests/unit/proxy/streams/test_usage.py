@@ -160,3 +160,14 @@ def test_an_assembled_answer_is_charged_its_usage_as_the_client_gets_it() -> Non
     tap = UsageTap(OPENAI.usage)
     tap.answered({"usage": {"prompt_tokens": 3, "completion_tokens": 4, "prompt_tokens_details": {}}})
     assert tap.usage == Usage(prompt=3, completion=4, reported=True)
+
+
+def test_timings_are_read_in_llama_servers_order_and_in_any_other() -> None:
+    """llama-server writes cache_n, prompt_n, the prompt's other figures, then predicted_n (one search
+    finds the three); another order (a sorted dump) is read figure by figure, to the same usage."""
+    ordered = {"cache_n": 2, "prompt_n": 3, "prompt_ms": 1.5, "predicted_n": 4, "predicted_ms": 9.0}
+    other = dict(sorted(ordered.items()))  # cache_n, predicted_ms, predicted_n, prompt_ms, prompt_n
+    for timings in (ordered, other):
+        last = event({"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}], "timings": timings})
+        got = run(UsageTap(OPENAI.usage), [token("Hi"), last, DONE])
+        assert got == Usage(prompt=5, cached=2, completion=4, reported=True), timings
