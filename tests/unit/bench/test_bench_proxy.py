@@ -42,6 +42,7 @@ def test_accounts_phase_runs_two_proxies_and_the_store_side_charges_every_answer
         r[f"{kind}_{side}_rps"] > 0 for r in rounds for kind in ("whole", "stream") for side in ("off", "on")
     )
     assert accounts["whole_cpu_ms"]["ratio"] > 0 and accounts["stream_cpu_ms"]["ratio"] > 0
+    assert accounts["whole_cpu_ms"]["paired_ratio"] > 0 and accounts["stream_cpu_ms"]["paired_ratio"] > 0
     # Budgets on the store side (its answers carry their rate-limit headers), none on the other.
     assert accounts["rate_limit_headers"] == {"off": False, "on": True}
     # Every answer of the store side is a ledger row (the warm-up's too), so the ledger did run.
