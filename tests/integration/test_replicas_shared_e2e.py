@@ -124,6 +124,8 @@ async def test_a_tokens_per_minute_budget_holds_across_three_replicas(replicas: 
         took = time.monotonic() - started
     admitted = [r.json()["usage"]["total_tokens"] for r in answers if r.status_code == 200]
     refused = [r for r in answers if r.status_code == 429]
+    # nginx writes a request's line once its answer is out: the client may hold the last answer first.
+    await until(lambda: len(replicas.nginx.access_log()) >= before + len(answers), "nginx's access log")
     records = replicas.nginx.access_log()[before:]
     answered_by = {r.tried[-1] for r in records if r.status == 200}
     print(
