@@ -26,11 +26,6 @@ HEAD_LINES = "llamagate.head_lines"
 SendWithLines = Callable[[Send, Message, bytes], Awaitable[None]]
 
 
-def line(name: bytes, value: bytes) -> bytes:
-    """One rendered line (``name`` lower case; neither may hold a CR or LF: the caller's own bytes)."""
-    return name + b": " + value + b"\r\n"
-
-
 def as_headers(lines: bytes) -> list[tuple[bytes, bytes]]:
     """Rendered lines as ASGI header pairs (for a server without the extension)."""
     pairs: list[tuple[bytes, bytes]] = []
