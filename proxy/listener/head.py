@@ -1,11 +1,12 @@
 """The front door's side of ``proxy.asgi.head``: rendered header lines written into uvicorn's response head.
 
-uvicorn writes a response's status line and headers with one ``transport.write`` of bytes that end with
-the blank line (``RequestResponseCycle.send``, every version this project runs on). For a start message
-with rendered lines, the cycle's transport is swapped for that one call for a ``_Splice``, which puts
-the lines before the blank line and hands the rest on: uvicorn still checks and frames everything else
-(status, content length or chunked encoding, keep-alive, its access log). ``tests/unit/proxy/listener``
-checks the head against the one uvicorn writes when the same lines are given as header pairs.
+uvicorn writes a response's status line and headers with one ``transport.write`` that ends with the
+blank line (``RequestResponseCycle.send``, every version this project runs on). For a start message with
+rendered lines, the cycle's transport is swapped for that one call for a ``_Splice``, which puts the
+lines before the first blank line it writes (a body after it in the same write or not) and hands the
+rest on: uvicorn still checks and frames everything else (status, content length or chunked encoding,
+keep-alive, its access log). ``tests/unit/proxy/listener`` checks the head against the one uvicorn
+writes when the same lines are given as header pairs.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class _Splice:
         self.lines = lines
 
     def write(self, data: bytes) -> None:
-        if self.lines and data.endswith(b"\r\n\r\n"):
-            data = data[:-2] + self.lines + b"\r\n"
+        end = data.find(b"\r\n\r\n") if self.lines else -1  # the head's end, a body after it or not
+        if end >= 0:
+            data = data[: end + 2] + self.lines + data[end + 2 :]
             self.lines = b""
         self.transport.write(data)
 

@@ -14,7 +14,7 @@ import uvicorn
 
 from proxy.asgi.head import HEAD_LINES, as_headers, lines_writer
 from proxy.listener.guard import FrontDoor, uvicorn_config
-from proxy.listener.head import send_with_lines
+from proxy.listener.head import _Splice, send_with_lines
 from proxy.settings import DoorSettings
 from tests.fakes.fake_upstream import eventually
 
@@ -120,3 +120,20 @@ async def test_lines_are_refused_for_a_send_that_is_not_a_response_cycles() -> N
 
     with pytest.raises(RuntimeError, match="not a cycle's"):
         await send_with_lines(send, {"type": "http.response.start", "status": 200}, LINES)
+
+
+def test_the_splice_puts_the_lines_before_the_heads_blank_line_once() -> None:
+    """Whether the head comes alone or with a body in the same write; later writes pass untouched."""
+    written: list[bytes] = []
+
+    class Transport:
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
+    for first in (head, head + b"body"):
+        written.clear()
+        splice = _Splice(Transport(), LINES)
+        splice.write(first)
+        splice.write(b"more\r\n\r\n")
+        assert written == [first.replace(b"\r\n\r\n", b"\r\n" + LINES + b"\r\n", 1), b"more\r\n\r\n"]
