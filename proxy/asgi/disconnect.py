@@ -30,7 +30,7 @@ class ClientGone(Exception):
 
 
 class ClientWatch:
-    __slots__ = ("_receive", "_task", "_watcher", "cancelled", "complete", "gone")
+    __slots__ = ("_receive", "_task", "_watcher", "cancelled", "complete", "end", "gone", "last")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
@@ -42,6 +42,12 @@ class ClientWatch:
         # Set by the relay just before the last body message: uvicorn reports "disconnect" once a
         # response is complete, which is not the client leaving.
         self.complete = False
+        # Set by a stream's relay: the bytes of the event that ends its route's stream (``[DONE]``,
+        # ``message_stop``, ...; None where only the connection's end says it), and the last bytes it
+        # sent. SDKs close the connection as soon as they have that event, often before the child's
+        # stream has reached its own end: such a client had the whole answer, it did not leave early.
+        self.end: bytes | None = None
+        self.last = b""
 
     async def _watch(self) -> None:
         while True:
@@ -49,8 +55,18 @@ class ClientWatch:
             if message["type"] == "http.disconnect":
                 break
         if not self.complete and self._task is not None and self.cancelled is None:
+            if self.had_all():
+                # The relay reads the child's end (it follows the last event) and ends as complete.
+                self.complete = True
+                return
             self.gone = True
             self._task.cancel()
+
+    def had_all(self) -> bool:
+        """Whether the last bytes sent end with the stream's final event: a client that leaves then had
+        everything the answer holds."""
+        end = self.end
+        return end is not None and self.last.endswith(b"\n\n") and self.last.find(end) >= 0
 
     def cancel(self, error: ProxyError) -> bool:
         """Stop the request where it waits and end it with ``error``; False when it is already ending

@@ -62,6 +62,9 @@ class StreamFormat:
     error_body: Callable[[int, bytes], bytes] = _same
     # Where the answer reports prompt, cached and completion tokens (the usage ledger reads them).
     usage: UsageFormat = OPENAI_USAGE
+    # The bytes of the event that ends a stream, once per stream (``proxy.asgi.disconnect``: a client
+    # that leaves once it has it had the whole answer); None where only the connection's end says so.
+    end: bytes | None = None
 
 
 def _count(pattern: bytes) -> Callable[[bytes], int]:
@@ -75,10 +78,12 @@ def _count(pattern: bytes) -> Callable[[bytes], int]:
 
 
 # Chat and text completions (/v1/...): ``data: {json}`` per token, ``data: [DONE]`` at the end.
-OPENAI = StreamFormat("openai", StreamMeter, count_tokens_in_body)
+OPENAI = StreamFormat("openai", StreamMeter, count_tokens_in_body, end=b"data: [DONE]")
 
 # llama-server's own API (/completion, /completions, /infill): ``data: {"content":"..."}`` per token, no
 # ``[DONE]``; the last event has ``timings.predicted_n`` (the OpenAI meter reads exactly these fields).
+# No end event: each prompt of an array ends with its own ``"stop":true``, only the connection's end
+# says the last one is out.
 _TOKENS_PREDICTED = _count(rb'"tokens_predicted":(\d+)')
 NATIVE = StreamFormat(
     "native", StreamMeter, lambda b: _TOKENS_PREDICTED(b) or count_tokens_in_body(b), usage=NATIVE_USAGE
@@ -99,6 +104,7 @@ RESPONSES = StreamFormat(
     lambda: EventMeter(_RESPONSES_SPEC),
     _count(rb'"output_tokens":(\d+)'),
     usage=RESPONSES_USAGE,
+    end=b"event: response.completed",
 )
 
 _ANTHROPIC_SPEC = EventSpec(
@@ -114,6 +120,7 @@ ANTHROPIC = StreamFormat(
     error_event=anthropic.error_event,
     error_body=anthropic.convert_error_body,
     usage=ANTHROPIC_USAGE,
+    end=b"event: message_stop",
 )
 
 # Embeddings and reranking: never streamed, no generated tokens.

@@ -95,6 +95,7 @@ class Relay:
         plain error answer. A child that hangs up before that raises ``UpstreamGone`` (nothing was sent);
         after it, the stream ends with an error event."""
         ctx, watch, exchange = self.ctx, self.watch, self.exchange
+        watch.end = self.fmt.end
         meter = self.meter = self.fmt.meter()
         rewriter = privacy.SseRewriter() if hide else None
         send: Send | None = None  # once the response has started
@@ -115,6 +116,7 @@ class Relay:
                     return
                 if out:
                     send = send or await self._begin()
+                    watch.last = out  # a client that leaves after the stream's last event had it all
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             exchange.finished = True
             send = send or await self._begin()

@@ -8,7 +8,9 @@ forwards bodies untouched), so a test can ask one request to misbehave:
 - ``fake_status``: answer with this HTTP status and llama-server's error shape;
 - ``fake_delay_ms``: wait this long before the answer starts (a long prompt);
 - ``fake_token_interval_ms``: time between streamed tokens (default: the server's setting);
-- ``fake_die_after``: abort the connection after this many token events (a child killed mid-stream).
+- ``fake_die_after``: abort the connection after this many token events (a child killed mid-stream);
+- ``fake_end_after_ms``: wait this long between a stream's last event and its end (llama-server writes
+  them apart, so a client may have ``[DONE]`` well before the proxy reads the end).
 
 A fault of the fake itself (not of one request: a request run again on another fake carries the same
 body) is an attribute: ``die_at_token`` aborts the connection of every streamed answer after that many
@@ -308,7 +310,15 @@ class FakeLlama:
             writer.write(_chunk(b'data: {"choices":[' + tail + b"," + usage + b"," + timings + b"}\n\n"))
         else:
             writer.write(_chunk(b'data: {"choices":[' + last + tail + b"," + timings + b"}\n\n"))
-        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        end_after = float(payload.get("fake_end_after_ms", 0)) / 1000.0
+        if end_after:
+            writer.write(_chunk(b"data: [DONE]\n\n"))
+            await writer.drain()
+            if not await self._wait(end_after, reader, writer):
+                return False
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
         return True
 

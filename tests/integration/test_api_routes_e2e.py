@@ -183,7 +183,29 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
     )
     assert r.status_code == 401
 
+    # A chat stream with OpenAI's client, which closes the connection as soon as it has [DONE]: the
+    # client had the whole answer, the access log says "ok" (not "client_gone").
+    rid = "e2e-chat-stream"
+    chunks = list(
+        openai.chat.completions.create(
+            model=MODEL,
+            max_tokens=4,
+            messages=[{"role": "user", "content": PROMPT}],
+            stream=True,
+            extra_headers={"X-Request-ID": rid},
+        )
+    )
+    assert any(chunk.choices and chunk.choices[0].delta.content for chunk in chunks)
+
+    def line_of(request_id: str) -> list[dict[str, Any]]:
+        return [r for r in d.log_records() if r.get("request_id") == request_id]
+
+    wait_until(lambda: bool(line_of(rid)), "the chat stream's access-log line")
+    assert [(r.get("status"), r.get("outcome")) for r in line_of(rid)] == [(200, "ok")]
+
     access = [r for r in d.log_records() if r.get("logger") == "llamagate.access"]
+    # Every client here read its answer to the stream's last event: none of them left early.
+    assert [r.get("route") for r in access if r.get("outcome") == "client_gone"] == []
     routes = {r.get("route") for r in access}
     assert {"/v1/responses", "/v1/messages", "/completion", "/chat/completions", "/tokenize"} <= routes
     assert {"/v1/messages/count_tokens", "/v1/chat/completions/input_tokens", "/responses"} <= routes

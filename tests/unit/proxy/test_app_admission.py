@@ -136,6 +136,29 @@ async def test_disconnect_mid_stream_releases_the_permit_and_cancels_upstream(
         )
 
 
+async def test_a_client_that_leaves_after_the_last_event_had_the_whole_answer(
+    proxy_factory: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SDKs close the connection once they have ``[DONE]``; the child's stream may end a moment later.
+    That client is not gone: the answer is ``ok`` and the child's stream is read to its end (not cut)."""
+    caplog.set_level(logging.INFO, logger="llamagate.access")
+    async with proxy_factory() as p, p.client() as c:
+        body = {**CHAT, "stream": True, "fake_end_after_ms": 1000}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    break
+            assert p.fake.active == 1  # the child's stream has not ended yet
+
+        def access() -> list[logging.LogRecord]:
+            return [rec for rec in caplog.records if rec.name == "llamagate.access"]
+
+        await wait_for(lambda: len(access()) == 1)
+        fields = access()[0].fields  # type: ignore[attr-defined]
+        assert (fields["status"], fields["outcome"]) == (200, "ok")
+        assert p.fake.client_gone == 0 and p.fake.active == 0  # the child's stream was read to its end
+
+
 async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory) -> None:
     async with proxy_factory(tenants=limited(1, 5)) as p, p.client() as c:
         holder = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 1000}))
