@@ -63,10 +63,15 @@ class ClientWatch:
             self._task.cancel()
 
     def had_all(self) -> bool:
-        """Whether the last bytes sent end with the stream's final event: a client that leaves then had
-        everything the answer holds."""
-        end = self.end
-        return end is not None and self.last.endswith(b"\n\n") and self.last.find(end) >= 0
+        """Whether the last event sent is the stream's final one: a client that leaves then had
+        everything the answer holds. The last event is what follows the last blank line: a newline
+        inside an event's JSON is escaped, so a generated text that spells the final event (a model
+        can be asked to) is never taken for it."""
+        end, last = self.end, self.last
+        if end is None or not last.endswith(b"\n\n"):
+            return False
+        start = last.rfind(b"\n\n", 0, len(last) - 2)
+        return last.startswith(end, 0 if start < 0 else start + 2)
 
     def cancel(self, error: ProxyError) -> bool:
         """Stop the request where it waits and end it with ``error``; False when it is already ending

@@ -28,9 +28,18 @@ _TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
     [
         (OPENAI, _OPENAI_LAST, True),
         (OPENAI, _TOKEN, False),
+        # A model made to write the final event: its text is inside an event, not an event of its own.
+        (
+            OPENAI,
+            b'data: {"choices":[{"index":0,"delta":{"content":"\\n\\ndata: [DONE]\\n\\n"}}]}\n\n',
+            False,
+        ),
+        (OPENAI, _TOKEN + b'data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}\n\n', False),
+        (OPENAI, _TOKEN + _OPENAI_LAST, True),
         (ANTHROPIC, _ANTHROPIC_LAST, True),
         (ANTHROPIC, _ANTHROPIC_LAST[: _ANTHROPIC_LAST.rindex(b"data:")], False),  # its data not yet out
         (RESPONSES, _RESPONSES_LAST, True),
+        (RESPONSES, _RESPONSES_LAST + b'event: response.output_text.delta\ndata: {"delta":"x"}\n\n', False),
         # Each prompt of an array ends with its own "stop": only the connection's end says it is over.
         (NATIVE, _NATIVE_LAST, False),
     ],
