@@ -413,25 +413,19 @@ class Budgets:
         with self._lock:
             if now >= self._settle_by:
                 self._settle()
-            plan = self._plans.get((ticket.tenant, ticket.key_id))
-            if (
-                plan is None
-                or plan.generation != self._generation
-                or (plan.key_budgets is not ticket.key_budgets and plan.key_budgets != ticket.key_budgets)
-            ):
-                plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
+            plan = self._plan(ticket.tenant, ticket.key_id, ticket.key_budgets)
             if not plan.limits:  # no budget at all: counted, nothing to check
                 self._queue_request(plan, now)
                 ticket.plan = plan
                 return ticket
             # The headers' figures as admitting it leaves them: of each kind, the budget with the least
-            # room left (remaining, limit, window), in locals (nothing built per request).
+            # room left (remaining, limit, window), in locals.
             t_window: Window | None = None
             r_window: Window | None = None
             t_left = t_limit = r_left = r_limit = 0
-            fits = False
+            fits = reserve is not None
+            overshoots = False  # some token budget admits it as its overshooter, not for its reserve
             if reserve is not None:
-                fits = True
                 for window, limit, h in plan.token_limits:
                     used = window.total + window.pending
                     if now >= window.horizon + EXPIRY_LAG_S:
@@ -453,37 +447,39 @@ class Budgets:
                             break
                         if r_window is None or left < r_left:
                             r_left, r_limit, r_window = left, limit, window
-                if fits:
-                    for h in plan.token_holds:
-                        h.held += reserve
-                    ticket.held_in = plan.token_holds
             if not fits:
                 decided = self._admit_exactly(ticket, plan, now)
                 if isinstance(decided, Refusal):
                     return decided
-                t_left, t_limit, t_window, r_left, r_limit, r_window = decided
+                overshoots, t_left, t_limit, t_window, r_left, r_limit, r_window = decided
+            if overshoots:
+                self._hold_each(ticket, plan, now)
+            elif plan.token_holds:  # every token budget admitted it for its reserve (so it has one)
+                amount = reserve or 0
+                for h in plan.token_holds:
+                    h.held += amount
+                ticket.held_in = plan.token_holds
             for window in plan.requests:
                 window.pending += 1
                 if now > window.latest:
                     window.latest = now
-            queue = plan.queued_requests  # ``_queue_request``, written out
-            queue.append(now)
-            if not plan.queued:
-                self._enqueue(plan, now)
-            elif len(queue) >= _SETTLE_AT:
-                self._settle()
-            t = _NO_LINES if t_window is None else _TOKEN.lines(t_left, t_limit, t_window, now)
-            r = _NO_LINES if r_window is None else _REQUEST.lines(r_left, r_limit, r_window, now)
-            ticket.headers = t + r if plan.tokens_first else r + t
+            self._queue_request(plan, now)
+            ticket.headers = _lines(
+                plan.tokens_first,
+                None if t_window is None else (t_left, t_limit, t_window),
+                None if r_window is None else (r_left, r_limit, r_window),
+                now,
+            )
             ticket.plan = plan
         return ticket
 
     def _admit_exactly(
         self, ticket: Ticket, plan: _Plan, now: float
-    ) -> Refusal | tuple[int, int, Window | None, int, int, Window | None]:
+    ) -> Refusal | tuple[bool, int, int, Window | None, int, int, Window | None]:
         """Under the lock, for a request ``admit``'s common case did not decide: every budget of its plan
-        in order, on exact counts where the count as it stands would not do. Its refusal, or its holds
-        taken and the headers' figures (tokens, then requests: remaining, limit, window)."""
+        in order, on exact counts where the count as it stands would not do. Its refusal, or whether
+        some token budget admits it as its overshooter and the headers' figures (tokens, then requests:
+        remaining, limit, window); ``admit`` takes the holds."""
         reserve = ticket.reserve
         refusal: Refusal | None = None
         overshoots = False  # some token budget admits it as its overshooter, not for its reserve
@@ -526,14 +522,7 @@ class Budgets:
                 t_left, t_limit, t_window = left, limit, window
         if refusal is not None:
             return refusal
-        if overshoots:
-            self._hold_each(ticket, plan, now)
-        elif plan.token_holds:  # every token budget admitted it for its reserve (so it has one)
-            amount = reserve or 0
-            for h in plan.token_holds:
-                h.held += amount
-            ticket.held_in = plan.token_holds
-        return t_left, t_limit, t_window, r_left, r_limit, r_window
+        return overshoots, t_left, t_limit, t_window, r_left, r_limit, r_window
 
     def _hold_each(self, ticket: Ticket, plan: _Plan, now: float) -> None:
         """Under the lock, for a ticket ``admit`` found room for: its reserve in the token budgets that
