@@ -7,7 +7,6 @@ import gc
 import heapq
 import math
 import random
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,7 +229,7 @@ def test_an_expired_charge_counts_in_the_headers_for_a_moment_at_most_and_never_
     first = budgets.check("t", "k", T0, reserve=60)
     assert isinstance(first, Ticket)
     budgets.charge(first, 60, T0)
-    budgets.take_dirty(T0)  # the writer's batch: the charge entered into the window
+    budgets.take_dirty(T0)  # the writer's batch
     soon = budgets.check("t", "k", T0 + 60.5, reserve=30)  # the 60 expired at T0 + 60
     assert isinstance(soon, Ticket)
     assert remaining(soon) == b"10"  # 100 - 60 (as it stands) - 30
@@ -348,9 +347,8 @@ def test_a_reload_or_a_budget_change_keeps_the_counts() -> None:
 
 
 def test_a_key_given_a_budget_starts_from_the_usage_it_had_without_one() -> None:
-    """A subject without a budget has its charges queued, not added to its windows on the request path;
-    a budget given to it (here the key's, as an admin change) finds all of them counted at once, with
-    no writer having run in between."""
+    """A subject without a budget has its charges counted all the same: a budget given to it (here the
+    key's, as an admin change) finds all of them counted at once, with no writer having run in between."""
     budgets = Budgets({"t": TPM})
     for i in range(3):
         ticket = budgets.check("t", "k", T0 + i, reserve=10)
@@ -360,7 +358,7 @@ def test_a_key_given_a_budget_starts_from_the_usage_it_had_without_one() -> None
     assert budgets.used("key", "k", "requests_per_minute", T0 + 3) == 3
     ticket = budgets.check("t", "k", T0 + 4, reserve=10)
     assert isinstance(ticket, Ticket)
-    budgets.charge(ticket, 40, T0 + 4)  # queued again: nothing has read the key's windows since
+    budgets.charge(ticket, 40, T0 + 4)
     key = BudgetSettings(tokens_per_minute=150, requests_per_minute=5)
     refused = budgets.check("t", "k", T0 + 5, key_budgets=key, reserve=10)
     assert isinstance(refused, Refusal) and refused.subject == "key" and refused.used == 160
@@ -368,15 +366,14 @@ def test_a_key_given_a_budget_starts_from_the_usage_it_had_without_one() -> None
     assert refused.retry_after_s == pytest.approx(55.0)  # the first 40, charged at T0, leave at T0 + 60
 
 
-def test_queued_charges_are_settled_without_a_writer() -> None:
-    """Budgets without a store have no writer: the queue of a subject without a budget is settled on
-    the request path once it is long, so memory stays bounded, and nothing queued is lost."""
+def test_a_subject_without_a_budget_counts_every_request_without_a_writer() -> None:
+    """Budgets without a store have no writer: a key without a budget still has every request counted
+    in its windows, so a budget given to it later starts from its real usage."""
     budgets = Budgets({"t": TPM})
     for i in range(5000):
         ticket = budgets.check("t", "k", T0 + i / 1000, reserve=1)
         assert isinstance(ticket, Ticket)
         budgets.charge(ticket, 0, T0 + i / 1000)
-        assert ticket.plan is not None and len(ticket.plan.queued_requests) <= 1024
     assert budgets.used("key", "k", "requests_per_minute", T0 + 5) == 5000
 
 
@@ -523,11 +520,9 @@ def test_the_groups_to_write_are_those_charged_since_the_writer_last_read_them()
     assert restored.changed_groups() == [(T0, 24, T0 + 60.95)]
 
 
-def test_charges_counted_on_the_request_path_are_exact_before_and_after_they_are_entered() -> None:
-    """The request path only counts a charge into a budget's window (``pending``) and queues it; it is
-    entered later, in batches. Counts, resets and waits are the same as if it had been entered at
-    once: two keys of one tenant share its window, and their queued charges go in in time order, each
-    with its own time (ka's queue comes first in the batch, kb's holds the older charge)."""
+def test_two_keys_of_a_tenant_charge_its_window_each_with_its_own_time() -> None:
+    """Counts, resets and waits of a window two keys of one tenant share: each charge counts from its
+    own time (kb's is the older one, ka's the newer)."""
     budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100)})
     for key, at in (("ka", T0), ("kb", T0 + 0.0625)):  # both keys' plans made, nothing charged
         first = budgets.check("t", key, at, reserve=10)
@@ -547,7 +542,7 @@ def test_charges_counted_on_the_request_path_are_exact_before_and_after_they_are
     budgets.charge(c, 40, T0 + 1.0)
     refused = budgets.check("t", "kb", T0 + 2, reserve=20)  # spent: 100
     assert isinstance(refused, Refusal) and refused.used == 100 and not refused.in_flight
-    # Room once any leaves: the oldest, kb's at T0 + 0.375 (queued after ka's), at T0 + 60.375.
+    # Room once any leaves: the oldest, kb's at T0 + 0.375, at T0 + 60.375.
     assert refused.retry_after_s == pytest.approx(58.375)
     assert budgets.used("tenant", "t", "tokens_per_minute", T0 + 60.4375) == 70
     assert budgets.used("key", "ka", "tokens_per_minute", T0 + 60.4375) == 30
@@ -555,9 +550,8 @@ def test_charges_counted_on_the_request_path_are_exact_before_and_after_they_are
 
 
 def test_without_a_writer_queued_charges_still_expire_on_time() -> None:
-    """Budgets without a store have no writer to enter the queued charges: admission enters them once
-    they are a second old, so a charge stops counting a minute after it was made, however few requests
-    the tenant sends (a queue that waited for 1024 of them would count its charges forever)."""
+    """Budgets without a store have no writer: a charge stops counting a minute after it was made,
+    however few requests the tenant sends (f33d0c8: charges that waited for a writer counted forever)."""
     budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100, requests_per_minute=2)})
     ticket = budgets.check("t", "k", T0, reserve=10)
     assert isinstance(ticket, Ticket)
@@ -576,79 +570,6 @@ def test_without_a_writer_queued_charges_still_expire_on_time() -> None:
         (b"x-ratelimit-remaining-requests", b"2"),
         (b"x-ratelimit-reset-requests", b"0s"),
     ]
-
-
-def _state(w: Window, at: float) -> tuple[object, ...]:
-    """What a window answers around ``at``: counts, reset, waits, its store groups (read last)."""
-    probes = (at, at + 30.5, at + 60, at + 61.5, at + 120, at + 86_400)
-    return (
-        len(w),
-        w.latest,
-        tuple(w.used(t) for t in (at,)),
-        w.reset_in(at),
-        w.wait_below(at, 2),
-        w.wait_below(at, max(1, w.used(at) // 2)),
-        w.changed_groups(),
-        tuple(w.used(t) for t in probes),
-    )
-
-
-@pytest.mark.parametrize("width", [0.0, 60.0])
-def test_queued_charges_entered_in_bulk_give_the_windows_the_charges_one_by_one_give(width: float) -> None:
-    """``Window.extend`` (the settling of queued charges) against ``add`` per charge in time order, over
-    random batches: one source of rising times (the bulk path), equal times, several sources, a batch
-    not after the newest entry, bucket boundaries crossed, requests (amounts None) and tokens."""
-    rng = random.Random(7)
-    for case in range(300):
-        bulk, single = Window(60.0, width), Window(60.0, width)
-        at = T0 + rng.random() * 100
-        for _ in range(rng.randint(1, 6)):
-            sources = []
-            for _ in range(rng.choice((1, 1, 1, 2, 3))):
-                count = rng.randint(1, 40)
-                start = at + rng.uniform(-2.0, 1.0)
-                steps = [0.0 if rng.random() < 0.05 else rng.random() * 0.3 for _ in range(count)]
-                times = array("d", [start + sum(steps[: i + 1]) for i in range(count)])
-                ones = rng.random() < 0.4
-                amounts = None if ones else array("d", [float(rng.randint(0, 500)) for _ in range(count)])
-                sources.append((times, amounts))
-            bulk.extend(sources)
-            charges = sorted(
-                (t, 1 if a is None else int(n))
-                for times, a in sources
-                for t, n in zip(times, [1.0] * len(times) if a is None else a, strict=True)
-            )
-            for t, n in charges:
-                single.add(t, n)
-            at = max(at, charges[-1][0]) + rng.uniform(0.0, 40.0)
-            assert _state(bulk, at) == _state(single, at), case
-
-
-def test_one_plans_queue_of_rising_times_goes_into_its_windows_in_bulk(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The writer's settling of a busy caller's queue: no ``add`` per charge in the minute windows (each
-    charge was one per window: six per request), one per window in the day's."""
-    limits = BudgetSettings(tokens_per_minute=10**9, tokens_per_day=10**12, requests_per_minute=10**6)
-    b = Budgets({"t": limits})
-    at = (T0 // 60) * 60 + 1.0  # every charge inside one minute of the day window
-    for i in range(500):
-        ticket = b.check("t", "k", at + i * 0.01, reserve=100)
-        assert isinstance(ticket, Ticket)
-        b.charge(ticket, 30, at + i * 0.01 + 0.005)
-    adds: list[float] = []
-    real_add = Window.add
-
-    def counted_add(w: Window, now: float, amount: int) -> float:
-        adds.append(w.width)
-        return real_add(w, now, amount)
-
-    monkeypatch.setattr(Window, "add", counted_add)
-    b.take_dirty(at + 6)
-    assert adds == [60.0, 60.0]  # the day windows of the tenant and the key, once each
-    assert b.used("tenant", "t", "tokens_per_minute", at + 6) == 500 * 30
-    assert b.used("key", "k", "requests_per_minute", at + 6) == 500
-    assert b.used("tenant", "t", "tokens_per_day", at + 6) == 500 * 30
 
 
 @pytest.mark.parametrize("width", [0.0, 60.0])
