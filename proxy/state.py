@@ -1,14 +1,16 @@
 """The door's state, shared by every request and exposed to the daemon as ``app.state.proxy``.
 
-What belongs to the door rather than to one model: settings, keys and tenants, every tenant's total
-across models (``totals``), the counting routes' rate, the one upstream connection pool (it keeps
-connections per child), the model router (always set, at least one lane: ``proxy.models``), the count
-of requests being handled (for the drain), the generation requests queued or running (``inflight``,
-listed and cancelled by an operator: ``proxy.admission.inflight``), the listener's state (``door``, for
-/readyz) and, with a store, the accounts (``accounts``: keys made at run time, budgets, the usage
-ledger; ``proxy.accounts``), and
-with ``cluster.redis_url`` the limiter that shares tenants' concurrency with the other replicas
-(``cluster``: ``proxy.cluster``).
+What belongs to the door rather than to one model: settings, keys and tenants, the admission pipeline
+every generation request enters (``admission``: ``proxy.admission.pipeline``, built here from the
+settings and again on reload), every tenant's total across models (``totals``), the counting routes'
+rate, the one upstream connection pool (it keeps connections per child), the model router (always set,
+at least one lane: ``proxy.models``), the count of requests being handled (for the drain), the
+generation requests queued or running (``inflight``, listed and cancelled by an operator:
+``proxy.admission.inflight``), the listener's state (``door``, for /readyz) and, with a store, the
+accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``), the
+budgets requests are charged to (``budgets``: the store's, or kept in memory when tenants have budgets
+and there is no store), and with ``cluster.redis_url`` the limiter that shares tenants' concurrency and
+budgets with the other replicas (``cluster``: ``proxy.cluster``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -21,15 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.accounts.service import Accounts, MemoryBudgets, has_budgets
+from proxy.accounts.budgets import Budgets
+from proxy.accounts.service import Accounts, has_budgets, tenant_budgets
+from proxy.admission.budgets import BudgetStep
 from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.inflight import InFlight
+from proxy.admission.pipeline import Pipeline, Step
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
 from proxy.cluster.budgets import SharedBudgets
 from proxy.cluster.limiter import ClusterLimiter
+from proxy.cluster.steps import LeaseStep, SharedBudgetStep
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.models.lane import ModelEntry
@@ -75,9 +81,9 @@ class ProxyState:
         # Opened and started by the daemon (it owns the store's life); None: no store configured.
         self.accounts = accounts
         self._lookup = accounts.find_principal if accounts is not None else None
-        # What requests are charged to: the store's accounts, else (tenants with budgets and no store)
-        # budgets kept in memory, else nothing (``proxy.routes.charge``).
-        self.book: Accounts | MemoryBudgets | None = accounts
+        # The budgets requests are charged to: the store's, else (tenants with budgets and no store) kept
+        # in memory (they start empty at each start), else none (``proxy.accounts.budgets``).
+        self.budgets: Budgets | None = accounts.budgets if accounts is not None else None
         # Tenant concurrency shared with the other replicas (``proxy.cluster``); None: this replica alone.
         # Not reloadable: the connection is made once.
         self.cluster = ClusterLimiter(settings.cluster) if settings.cluster is not None else None
@@ -85,15 +91,40 @@ class ProxyState:
         self.shared_budgets = (
             SharedBudgets(self.cluster, settings.timeouts.total_s) if self.cluster is not None else None
         )
-        self._apply(settings)
         self.router = ModelRouter(models, settings.tenants)
+        self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:
-        if self.book is None and has_budgets(settings.tenants):
-            self.book = MemoryBudgets(settings.tenants)
+        if self.budgets is None and has_budgets(settings.tenants):
+            self.budgets = Budgets(tenant_budgets(settings.tenants))
+        elif self.budgets is not None:
+            self.budgets.configure(tenant_budgets(settings.tenants))  # new limits; windows keep counts
         self.settings = settings
         self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
         self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
+        self.admission = self._pipeline()
+
+    def _pipeline(self) -> Pipeline:
+        """The admission pipeline's steps before the model's slots, in order (``proxy.admission.pipeline``):
+        cheapest refusal first, the shared ones only with ``cluster.redis_url``."""
+        budgets: list[Step] = []
+        if self.budgets is not None:
+            budgets.append(BudgetStep(self.budgets))
+        if self.shared_budgets is not None:
+            budgets.append(SharedBudgetStep(self.shared_budgets))
+        limits: list[Step] = [self.totals]
+        if self.cluster is not None:
+            limits.append(LeaseStep(self.cluster, self._estimate_wait))
+        return Pipeline(budgets, limits)
+
+    def _estimate_wait(self, model: str, tenant: str) -> float:
+        lane = self.router.lanes.get(model)
+        return lane.admission.estimate_wait(tenant) if lane is not None else 1.0
+
+    @property
+    def budgeted(self) -> bool:
+        """Requests are charged to budgets (a store's, or in memory)."""
+        return self.budgets is not None
 
     # --- daemon-facing -----------------------------------------------------------------------------------
     def reload(self, settings: ProxySettings) -> None:
@@ -102,8 +133,6 @@ class ProxyState:
         self.upstream.timeouts = settings.timeouts
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
         self.router.reload(settings.tenants)
-        if self.book is not None:
-            self.book.reconfigure(settings.tenants)  # new limits; the windows keep their counts
 
     @property
     def in_flight(self) -> int:

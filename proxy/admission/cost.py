@@ -63,9 +63,17 @@ def check(
 ) -> Cost:
     """Refuse or rewrite ``payload`` for ``tenant`` and return what it costs. ``capacity``: the child's
     slot count now."""
-    rewritten = False
-    generates = kind in ("chat", "completion")
-    n = _n(payload) if generates else 1
+    sequences, slots = _size(kind, payload, tenant, capacity)
+    rewritten = _drop_slot_choice(payload) if not admin else False
+    if kind in ("chat", "completion"):
+        rewritten = _bound_generation(kind, payload, tenant, admin) or rewritten
+    return Cost(sequences=sequences, slots=max(1, slots), rewritten=rewritten)
+
+
+def _size(kind: CostKind, payload: dict[str, Any], tenant: TenantSettings, capacity: int) -> tuple[int, int]:
+    """The tasks the child will run, and how many of them at once; ``BadRequest`` for a request wider than
+    the tenant's bounds or than the child."""
+    n = _n(payload) if kind in ("chat", "completion") else 1
     if n > tenant.max_n:
         raise BadRequest(f"'n' of {n} exceeds this tenant's limit of {tenant.max_n} completions per prompt")
     prompts = _prompts(kind, payload)
@@ -84,20 +92,23 @@ def check(
             f"this request would occupy {slots} slots at once ({n} completions x {prompts} prompts); "
             f"this tenant may hold {limit}: send fewer prompts or a smaller 'n'"
         )
-    if not admin:
-        rewritten = _drop_slot_choice(payload) or rewritten
-    if generates:
-        rewritten = _bound_logprobs(kind, payload, tenant.max_logprobs) or rewritten
-        if tenant.max_tokens is not None:
-            rewritten = cap_max_tokens(payload, tenant.max_tokens) or rewritten
-        if not tenant.cache_prompt and payload.get("cache_prompt") is not False:
-            payload["cache_prompt"] = False
-            rewritten = True
-        if not (admin or tenant.show_cache_details):
-            for name in _CACHE_DETAIL_REQUESTS:
-                if payload.pop(name, None) is not None:
-                    rewritten = True
-    return Cost(sequences=sequences, slots=max(1, slots), rewritten=rewritten)
+    return sequences, slots
+
+
+def _bound_generation(kind: CostKind, payload: dict[str, Any], tenant: TenantSettings, admin: bool) -> bool:
+    """The tenant's bounds on what a generating request asks for: candidates per token, the token cap,
+    the prompt cache and its details. True if the body changed."""
+    rewritten = _bound_logprobs(kind, payload, tenant.max_logprobs)
+    if tenant.max_tokens is not None:
+        rewritten = cap_max_tokens(payload, tenant.max_tokens) or rewritten
+    if not tenant.cache_prompt and payload.get("cache_prompt") is not False:
+        payload["cache_prompt"] = False
+        rewritten = True
+    if not (admin or tenant.show_cache_details):
+        for name in _CACHE_DETAIL_REQUESTS:
+            if payload.pop(name, None) is not None:
+                rewritten = True
+    return rewritten
 
 
 def cap_max_tokens(payload: dict[str, Any], cap: int) -> bool:

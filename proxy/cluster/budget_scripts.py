@@ -18,8 +18,12 @@ Redis Cluster hash tag, so a request's windows live on one node):
 
 CHECK (KEYS: one per window, limited windows first; ARGV: ticket, reserve (0: none), hold_ms, n_limited,
 then per window: limit (0 for a window only counted), span_ms, width_ms, kind ``r`` or ``t``) answers
-``{1}`` (admitted: holds taken, request windows counted) or ``{0, window index (1-based), retry_ms, used,
-in_flight}``; the refusal with the longest wait, as ``Budgets.check`` does.
+``{ok, window index (1-based), retry_ms, used, in_flight}`` followed by the rate-limit headers' figures
+(``ok`` 1: admitted, holds taken, request windows counted; 0: refused, the refusal with the longest
+wait, as ``Budgets.admit`` picks it). The figures are the cluster-wide ones an answer's
+``x-ratelimit-*`` headers show (``proxy.accounts.budgets``'s rules): of the token windows and of the
+request windows, the one with the least room left, as ``remaining, limit, reset_ms`` each (limit -1:
+no such window), counting this request once admitted (its reserve held, its request counted).
 
 CHARGE (KEYS: the token windows; ARGV: ticket, tokens, then per window span_ms, width_ms) frees the
 ticket's holds and adds the tokens.
@@ -33,7 +37,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ticket, reserve, hold_ms, n_limited = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local function used_of(key, span, width)
   local flat = redis.call('HGETALL', key)
-  local used, buckets = 0, {}
+  local used, buckets, newest = 0, {}, nil
   for j = 1, #flat, 2 do
     local b, amount = tonumber(flat[j]), tonumber(flat[j + 1])
     if b + width + span <= now then
@@ -41,9 +45,14 @@ local function used_of(key, span, width)
     else
       used = used + amount
       buckets[#buckets + 1] = {b, amount}
+      if newest == nil or b > newest then newest = b end
     end
   end
-  return used, buckets
+  return used, buckets, newest
+end
+local function bucket_of(width)
+  if width > 0 then return math.floor(now / width) * width end
+  return now
 end
 local function wait_below(buckets, used, target, span, width)
   if target <= 0 then return nil end
@@ -58,12 +67,15 @@ local function wait_below(buckets, used, target, span, width)
 end
 local plan = {}
 local refusal = nil
+local figures = {}
 for i = 1, n_limited do
   local base = 4 + (i - 1) * 4
   local limit, span = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local width, kind = tonumber(ARGV[base + 3]), ARGV[base + 4]
   local key = KEYS[i]
-  local used, buckets = used_of(key, span, width)
+  local used, buckets, newest = used_of(key, span, width)
+  local fig = {kind = kind, limit = limit, used = used, held = 0, newest = newest, span = span, width = width}
+  figures[i] = fig
   local why = nil
   if kind == 'r' then
     if used >= limit then
@@ -78,11 +90,12 @@ for i = 1, n_limited do
     end
     local held = 0
     for _, v in ipairs(redis.call('HVALS', held_key)) do held = held + tonumber(v) end
+    fig.held = held
     local over = redis.call('GET', over_key)
     if reserve > 0 and used + held + reserve <= limit then
-      plan[#plan + 1] = {key, 'hold'}
+      plan[#plan + 1] = {key, 'hold', fig}
     elseif not over and used + held < limit then
-      plan[#plan + 1] = {key, 'over'}
+      plan[#plan + 1] = {key, 'over', fig}
     else
       local after = wait_below(buckets, used, limit - held, span, width) or 1000
       if over and after < 1000 then after = 1000 end
@@ -93,12 +106,37 @@ for i = 1, n_limited do
   end
   if why and (refusal == nil or why[2] > refusal[2]) then refusal = why end
 end
+-- The headers' figures: per kind, the limited window with the least room left (the first on a tie).
+local function headers()
+  local out = {}
+  for _, kind in ipairs({'t', 'r'}) do
+    local best = nil
+    for i = 1, n_limited do
+      local f = figures[i]
+      if f.kind == kind then
+        local remaining = f.limit - f.used - f.held
+        if best == nil or remaining < best[1] then
+          local reset = 0
+          if f.newest ~= nil then reset = math.max(0, f.newest + f.width + f.span - now) end
+          best = {remaining, f.limit, reset}
+        end
+      end
+    end
+    best = best or {0, -1, 0}
+    out[#out + 1] = best[1]
+    out[#out + 1] = best[2]
+    out[#out + 1] = best[3]
+  end
+  return out
+end
 if refusal then
-  return {0, refusal[1], refusal[2], refusal[3], refusal[4]}
+  local h = headers()
+  return {0, refusal[1], refusal[2], refusal[3], refusal[4], h[1], h[2], h[3], h[4], h[5], h[6]}
 end
 for _, p in ipairs(plan) do
   local key = p[1]
   if p[2] == 'hold' then
+    p[3].held = p[3].held + reserve
     redis.call('ZADD', key .. ':holds', now + hold_ms, ticket)
     redis.call('HSET', key .. ':held', ticket, reserve)
     redis.call('PEXPIRE', key .. ':holds', hold_ms)
@@ -111,13 +149,18 @@ for i = 1, #KEYS do
   local base = 4 + (i - 1) * 4
   local span, width, kind = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), ARGV[base + 4]
   if kind == 'r' then
-    local b = now
-    if width > 0 then b = math.floor(now / width) * width end
+    local b = bucket_of(width)
     redis.call('HINCRBY', KEYS[i], b, 1)
     redis.call('PEXPIRE', KEYS[i], span + 2 * width)
+    local f = figures[i]
+    if f then
+      f.used = f.used + 1
+      if f.newest == nil or b > f.newest then f.newest = b end
+    end
   end
 end
-return {1}
+local h = headers()
+return {1, 0, 0, 0, 0, h[1], h[2], h[3], h[4], h[5], h[6]}
 """
 
 CHARGE = """

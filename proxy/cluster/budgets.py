@@ -1,11 +1,19 @@
 """``SharedBudgets``: the accounts' budget windows counted in Redis (``proxy.cluster.budget_scripts``), so a
 tenant's and a key's budgets hold across the replicas. One script call per check and one per charge.
 
-``proxy.routes.charge`` asks it beside the replica's own ``Budgets`` (which still keeps the windows the
-store persists and the rate-limit headers say: figures of this replica). Only windows with a limit are
-kept in Redis. While Redis is unreachable (the limiter's mode, ``proxy.cluster.limiter``): ``local``
-leaves the replica's own budgets to decide alone (a tenant may then use up to its budget on each
-replica); ``refuse`` answers 503 like the leases do.
+A step of the admission pipeline (``proxy.cluster.steps``), after the replica's own ``Budgets`` (which
+still keep the windows the store persists, and decide alone while Redis is unreachable). Only windows
+with a limit are kept in Redis. The rate-limit headers of an answer are the cluster-wide figures the
+check returns (every replica's requests counted), not this replica's. While Redis is unreachable (the
+limiter's mode, ``proxy.cluster.limiter``): ``local`` leaves the replica's own budgets to decide alone
+(a tenant may then use up to its budget on each replica; the headers show the replica's figures);
+``refuse`` answers 503 like the leases do.
+
+What a restart loses: nothing of the windows when replicas restart (they live in Redis; a dead
+replica's holds expire after a request's longest life, ``timeouts.total_s``). When Redis itself
+restarts, the windows are Redis's data: kept when Redis persists (``appendonly yes``, docs/deploy.md),
+else they start empty, which can let a tenant spend up to one window's budget again (at most a minute's,
+or a day's for ``tokens_per_day``); the store's ledger keeps every charge either way.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from proxy.accounts.budgets import Refusal
 from proxy.accounts.records import BUDGET_NAMES, BudgetName, Subject
 from proxy.cluster.budget_scripts import CHARGE, CHECK
 from proxy.cluster.leases import PREFIX
-from proxy.cluster.limiter import _PROBE_S, _REDIS_ERRORS, ClusterLimiter
+from proxy.cluster.limiter import PROBE_S, REDIS_ERRORS, ClusterLimiter
 from proxy.errors import SharedLimitsUnavailable
 from proxy.settings import BudgetSettings
 
@@ -50,6 +58,27 @@ class SharedWindow:
 class SharedTicket:
     ticket: str
     tokens: tuple[SharedWindow, ...]  # the token windows it is charged into
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One kind's rate-limit header figures: what is left, of what limit, and when the window resets."""
+
+    remaining: int
+    limit: int
+    reset_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """The answer of a check: admitted (``ticket``) or refused (``refusal``), with the cluster-wide
+    header figures (None: no such budget); the first of the request's budgets is a token one or not."""
+
+    ticket: SharedTicket | None
+    refusal: Refusal | None
+    tokens: Figure | None
+    requests: Figure | None
+    tokens_first: bool
 
 
 class SharedBudgets:
@@ -86,9 +115,9 @@ class SharedBudgets:
         key_id: str,
         key_budgets: BudgetSettings | None,
         reserve: int | None,
-    ) -> SharedTicket | Refusal | None:
-        """Admitted (a ticket to charge), refused (the budget's ``Refusal``, as the replica's own budgets
-        would give it), or None: nothing to ask Redis (no budget), or Redis unreachable under ``local``."""
+    ) -> Checked | None:
+        """Admitted or refused as every replica's requests count together; None: nothing to ask Redis
+        (no budget), or Redis unreachable under ``local``."""
         windows = self.windows(tenant, tenant_budgets, key_id, key_budgets)
         limiter = self._limiter
         if not windows or limiter.mode == "local":
@@ -97,37 +126,45 @@ class SharedBudgets:
             raise SharedLimitsUnavailable(
                 "the shared budgets (Redis) are unreachable and cluster.on_redis_error is refuse; "
                 "retry later",
-                _PROBE_S,
+                PROBE_S,
             )
         ticket = secrets.token_hex(8)
         args: list[Any] = [ticket, reserve or 0, self._hold_ms, len(windows)]
         for w in windows:
             args += w.args
         try:
-            async with asyncio.timeout(limiter._call_s):
+            async with asyncio.timeout(limiter.call_s):
                 answer = await self._check(keys=[w.key for w in windows], args=args)
-        except _REDIS_ERRORS as exc:
-            limiter._lost(exc)
+        except REDIS_ERRORS as exc:
+            limiter.lost(exc)
             return await self.check(tenant, tenant_budgets, key_id, key_budgets, reserve)
-        if int(answer[0]) == 1:
-            tokens = tuple(w for w in windows if w.budget != "requests_per_minute")
-            return SharedTicket(ticket, tokens)
-        _, index, retry_ms, used, in_flight = (int(v) for v in answer)
+        ok, index, retry_ms, used, in_flight, *figures = (int(v) for v in answer)
+        tokens, requests = _figure(*figures[:3]), _figure(*figures[3:])
+        first = windows[0].budget != "requests_per_minute"
+        if ok == 1:
+            charged = tuple(w for w in windows if w.budget != "requests_per_minute")
+            return Checked(SharedTicket(ticket, charged), None, tokens, requests, first)
         w = windows[index - 1]
-        return Refusal(w.subject, w.name, w.budget, w.limit, used, retry_ms / 1000, in_flight=bool(in_flight))
+        refusal = Refusal(w.subject, w.name, w.budget, w.limit, used, retry_ms / 1000, bool(in_flight))
+        return Checked(None, refusal, tokens, requests, first)
 
     def charge(self, ticket: SharedTicket, tokens: int) -> None:
         """The request's real usage (0: none), off the request's path; frees its holds."""
         if ticket.tokens:
-            self._limiter._spawn(self._send_charge(ticket, tokens))
+            self._limiter.spawn(self.send_charge(ticket, tokens))
 
-    async def _send_charge(self, ticket: SharedTicket, tokens: int) -> None:
+    async def send_charge(self, ticket: SharedTicket, tokens: int) -> None:
+        """``charge``, awaited: the script call itself."""
         args: list[Any] = [ticket.ticket, tokens]
         for w in ticket.tokens:
             _, span, width, _ = w.args
             args += [span, width]
         try:
-            async with asyncio.timeout(self._limiter._call_s):
+            async with asyncio.timeout(self._limiter.call_s):
                 await self._charge(keys=[w.key for w in ticket.tokens], args=args)
-        except _REDIS_ERRORS as exc:
-            self._limiter._lost(exc)  # its holds expire by themselves; the tokens go uncounted here
+        except REDIS_ERRORS as exc:
+            self._limiter.lost(exc)  # its holds expire by themselves; the tokens go uncounted here
+
+
+def _figure(remaining: int, limit: int, reset_ms: int) -> Figure | None:
+    return Figure(remaining, limit, reset_ms / 1000) if limit >= 0 else None

@@ -31,14 +31,16 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
+class LeaseAsk:
     """What one request asks for: ``slots`` leases in every group (the first is its model's, whose line
-    it waits in), with ``member`` naming it."""
+    it waits in), with ``member`` naming it. ``head_start_ms``: its priority's head start in the line
+    (``proxy.cluster.scripts``)."""
 
     member: str
     slots: int
     groups: tuple[Group, ...]
     max_queue: int
+    head_start_ms: int = 0
 
     @property
     def line(self) -> tuple[str, str]:
@@ -59,16 +61,18 @@ class RedisLeases:
         self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
 
-    async def acquire(self, ask: Ask, ttl_ms: int) -> tuple[Outcome, float]:
+    async def acquire(self, ask: LeaseAsk, ttl_ms: int, join: bool = True) -> tuple[Outcome, float]:
         """Granted, or a place in line kept (and the seconds until the soonest lease expires), or a full
-        line. Asking again with the same member keeps its place."""
+        line. Asking again with the same member keeps its place. ``join`` False: not granted at once, it
+        takes no place (a request that does not wait)."""
         keys = [*ask.line, *(g.key for g in ask.groups)]
-        args: list[Any] = [ask.member, ttl_ms, ask.slots, ask.max_queue, *(g.limit for g in ask.groups)]
+        args: list[Any] = [ask.member, ttl_ms, ask.slots, ask.max_queue, ask.head_start_ms, int(join)]
+        args += [g.limit for g in ask.groups]
         code, ms = await self._acquire(keys=keys, args=args)
         outcome: Outcome = "granted" if code == 1 else "full" if code == -1 else "wait"
         return outcome, max(0, int(ms)) / 1000
 
-    async def renew(self, held: Sequence[Ask], ttl_ms: int) -> int:
+    async def renew(self, held: Sequence[LeaseAsk], ttl_ms: int) -> int:
         """Push every lease in ``held`` to now + TTL (re-adding any that Redis lost); how many leases."""
         keys: list[str] = []
         args: list[Any] = [ttl_ms]
@@ -78,7 +82,7 @@ class RedisLeases:
                 args += [ask.member, ask.slots]
         return int(await self._renew(keys=keys, args=args)) if keys else 0
 
-    async def release(self, ask: Ask) -> None:
+    async def release(self, ask: LeaseAsk) -> None:
         """Drop the request's leases, or its place in line."""
         keys = [*ask.line, *(g.key for g in ask.groups)]
         await self._release(keys=keys, args=[ask.member, ask.slots])

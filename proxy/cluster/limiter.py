@@ -1,20 +1,22 @@
 """``ClusterLimiter``: a tenant's concurrency across replicas, taken at admission as leases in Redis.
 
-Where it sits: ``proxy.routes.inference`` asks it for a lease (one call) *before* the lane's own slot gate
-(``proxy.admission.gate``), which stays local and authoritative for its child. Before, because a lease
-is the tenant's own and a slot is everybody's: a request that waits for its tenant's lease holding no
-slot keeps no other tenant's request on this replica waiting; one that holds a lease and waits for a
-slot only delays its own tenant. Without ``cluster.redis_url`` there is no limiter at all (``None``):
-the request path pays one attribute test.
+Where it sits: a step of the admission pipeline (``proxy.cluster.steps.LeaseStep``), *before* the lane's
+own slot gate (``proxy.admission.gate``), which stays local and authoritative for its child. Before,
+because a lease is the tenant's own and a slot is everybody's: a request that waits for its tenant's lease
+holding no slot keeps no other tenant's request on this replica waiting; one that holds a lease and waits
+for a slot only delays its own tenant. Without ``cluster.redis_url`` there is no limiter at all, and no
+step.
 
 How queued requests wait fairly across replicas: the first refused ask puts the request in its tenant's
-line in Redis (``proxy.cluster.scripts``: arrival order by Redis's clock, one line per model and tenant
-shared by every replica), and a lease goes to the first in line whatever replica it waits on. A waiting
+line in Redis (``proxy.cluster.scripts``: one line per model and tenant shared by every replica, in the
+gate's order: arrival by Redis's clock less the request's priority head start, so priorities and aging
+hold across replicas), and a lease goes to the first in line whatever replica it waits on. A waiting
 replica asks again with a capped, jittered backoff (``_FIRST_RETRY_S`` doubling to ``_MAX_RETRY_S``; at
-once when a lease of this replica is released), never past the wait's deadline (the tenant's
-``queue_timeout_s``: then 429 like a local queue timeout); each ask renews its place in line, so a line
-holds no dead replica's waiter for longer than the TTL. The line is capped at the tenant's ``max_queue``
-across the replicas (429 ``queue_full`` beyond).
+once when a lease of this replica is released), never past the wait's deadline (what the request has left
+of its wait: ``X-LlamaGate-Max-Wait``, capped by the tenant's ``queue_timeout_s``; then 429 like a local
+queue timeout; a request that may not wait takes no place in line); each ask renews its place in line, so
+a line holds no dead replica's waiter for longer than the TTL. The line is capped at the tenant's
+``max_queue`` across the replicas (429 ``queue_full`` beyond).
 
 Leases live ``lease_ttl_s`` and one task per replica renews all it holds every third of that, in one
 script call; a released lease is removed at once (off the request's path). A replica that dies stops
@@ -22,10 +24,11 @@ renewing, so its leases expire within the TTL.
 
 Redis unreachable (refused, reset, or no answer within ``socket_timeout_s``): the mode becomes
 ``cluster.on_redis_error``, said once in the log and by ``llamagate_cluster_mode``. ``local``: each
-replica allows a tenant ``max(1, limit // replicas)`` by itself until Redis is back (the local gate
-still applies); ``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``_PROBE_S`` and
-switches back to ``cluster`` once it answers (logged once): no restart. Requests already running keep
-running through every switch; their leases are renewed (re-added if Redis lost them) once it is back.
+replica allows a tenant ``max(1, limit // replicas)`` by itself until Redis is back, counting every
+request it holds (those still running on leases Redis granted before, too; the local gate still applies);
+``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``PROBE_S`` and switches back to
+``cluster`` once it answers (logged once): no restart. Requests already running keep running through every
+switch; their leases are renewed (re-added if Redis lost them) once it is back.
 """
 
 from __future__ import annotations
@@ -37,15 +40,15 @@ import random
 import secrets
 from collections import Counter
 from collections.abc import Coroutine
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.asgi.context import RequestContext
-from proxy.cluster.leases import TOTAL, Ask, Group, RedisLeases
+from proxy.admission.gate import AGING_S_PER_LEVEL
+from proxy.cluster.leases import TOTAL, Group, LeaseAsk, RedisLeases
 from proxy.errors import Rejected, SharedLimitsUnavailable
 from proxy.settings import ClusterSettings, TenantSettings
 
@@ -59,14 +62,8 @@ MODES: tuple[Mode, ...] = ("cluster", "local", "refuse")
 _FIRST_RETRY_S = 0.02
 _MAX_RETRY_S = 0.2
 # How often a degraded replica asks whether Redis is back; also the Retry-After of a refusal.
-_PROBE_S = 1.0
-_REDIS_ERRORS = (RedisError, OSError, TimeoutError)
-
-
-class SharedBudgetCheck(Protocol):
-    """The request's budgets as the replicas count them in Redis (``proxy.routes.charge``)."""
-
-    async def admit_shared(self) -> None: ...
+PROBE_S = 1.0
+REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class ClusterLease:
@@ -74,7 +71,7 @@ class ClusterLease:
 
     __slots__ = ("_limiter", "ask", "local", "released")
 
-    def __init__(self, limiter: ClusterLimiter, ask: Ask, local: bool) -> None:
+    def __init__(self, limiter: ClusterLimiter, ask: LeaseAsk, local: bool) -> None:
         self._limiter = limiter
         self.ask = ask
         self.local = local  # taken from the local fallback, not from Redis
@@ -84,6 +81,10 @@ class ClusterLease:
         if not self.released:
             self.released = True
             self._limiter._release(self)
+
+    def close(self, spent: object) -> None:
+        """The admission pipeline's end of the hold (``proxy.cluster.steps``): a lease counts no tokens."""
+        self.release()
 
 
 class ClusterLimiter:
@@ -106,9 +107,9 @@ class ClusterLimiter:
         self.redis_errors = 0
         self._ttl_ms = max(1, round(settings.lease_ttl_s * 1000))
         # A whole call (connect and answer): bounded even if a socket timeout does not fire.
-        self._call_s = 2 * settings.socket_timeout_s
-        self._held: dict[str, Ask] = {}  # member -> its ask: the leases this replica holds in Redis
-        self._local: Counter[Group] = Counter()  # slots held under the local fallback, per group
+        self.call_s = 2 * settings.socket_timeout_s
+        self._held: dict[str, LeaseAsk] = {}  # member -> its ask: the leases this replica holds in Redis
+        self._local: Counter[str] = Counter()  # slots held under the local fallback, per group key
         self._local_held = 0
         self._local_leases: dict[str, ClusterLease] = {}  # member -> lease taken under the fallback
         self._released = asyncio.Event()
@@ -125,31 +126,28 @@ class ClusterLimiter:
     # --- the request path ------------------------------------------------------------------------------
     async def acquire(
         self,
-        ctx: RequestContext,
         model: str,
         tenant: TenantSettings,
         slots: int,
-        budgets: SharedBudgetCheck | None = None,
+        *,
+        level: int | None = None,
+        wait_s: float | None = None,
     ) -> ClusterLease:
         """The tenant's leases for ``slots`` slots of ``model`` (and of its total), at once or after a fair
-        wait; ``Rejected`` (429) for a full line or the wait's deadline, ``SharedLimitsUnavailable`` (503)
-        when Redis is unreachable and the fallback is ``refuse``. The wait counts as queue time. First,
-        ``budgets``: the request's budgets shared in Redis (their 429 before any wait)."""
-        if budgets is not None:
-            await budgets.admit_shared()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            return await self._acquire(model, tenant, slots, started + tenant.queue_timeout_s)
-        finally:
-            ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + loop.time() - started
-
-    async def _acquire(self, model: str, tenant: TenantSettings, slots: int, deadline: float) -> ClusterLease:
+        wait of at most ``wait_s`` (None: the tenant's ``queue_timeout_s``; 0: now or never) in the line
+        shared by the replicas, at priority ``level`` (None: the tenant's); ``Rejected`` (429) for a
+        full line or the wait's end, ``SharedLimitsUnavailable`` (503) when Redis is unreachable and
+        the fallback is ``refuse``."""
+        level = tenant.priority if level is None else min(level, tenant.priority)
+        wait_s = tenant.queue_timeout_s if wait_s is None else min(wait_s, tenant.queue_timeout_s)
         groups = [Group(tenant.name, model, tenant.max_concurrency)]
         if tenant.max_concurrency_total is not None:
             groups.append(Group(tenant.name, TOTAL, tenant.max_concurrency_total))
-        ask = Ask(secrets.token_hex(8), slots, tuple(groups), tenant.max_queue)
+        # The gate's order (``proxy.admission.gate``): a priority is a head start in the line.
+        head_start_ms = round(level * AGING_S_PER_LEVEL * 1000)
+        ask = LeaseAsk(secrets.token_hex(8), slots, tuple(groups), tenant.max_queue, head_start_ms)
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
         delay = _FIRST_RETRY_S
         # This request may hold something in Redis (a place in line, or leases granted by a call it was
         # cancelled in): given back if it stops waiting.
@@ -160,12 +158,12 @@ class ClusterLimiter:
                 if self.mode == "cluster":
                     in_line = True  # a cancel during the call may leave a grant behind
                     try:
-                        async with asyncio.timeout(self._call_s):
-                            outcome, soonest = await self.leases.acquire(ask, self._ttl_ms)
-                    except _REDIS_ERRORS as exc:
-                        self._lost(exc)
+                        async with asyncio.timeout(self.call_s):
+                            outcome, soonest = await self.leases.acquire(ask, self._ttl_ms, join=wait_s > 0)
+                    except REDIS_ERRORS as exc:
+                        self.lost(exc)
                         continue  # the fallback answers this request at once
-                    in_line = outcome == "wait"
+                    in_line = outcome == "wait" and wait_s > 0
                     if outcome == "granted":
                         self._held[ask.member] = ask
                         self._start_renewer()
@@ -173,7 +171,7 @@ class ClusterLimiter:
                     if outcome == "full":
                         raise Rejected(
                             "queue_full",
-                            _PROBE_S,
+                            PROBE_S,
                             f"tenant '{tenant.name}' is at its limit of {tenant.max_concurrency} concurrent "
                             f"requests and {tenant.max_queue} queued across the replicas; retry later",
                         )
@@ -181,18 +179,19 @@ class ClusterLimiter:
                     raise SharedLimitsUnavailable(
                         "the shared limits (Redis) are unreachable and cluster.on_redis_error is refuse; "
                         "retry later",
-                        _PROBE_S,
+                        PROBE_S,
                     )
                 elif self._take_local(ask):
                     lease = self._local_leases[ask.member] = ClusterLease(self, ask, local=True)
                     return lease
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    own = " (the request's own maximum wait)" if wait_s < tenant.queue_timeout_s else ""
                     raise Rejected(
                         "queue_timeout",
-                        _PROBE_S,
-                        f"tenant '{tenant.name}' waited {tenant.queue_timeout_s:g} s for a free slot "
-                        "across the replicas; retry later",
+                        PROBE_S,
+                        f"tenant '{tenant.name}' waited {wait_s:g} s for a free slot across the "
+                        f"replicas{own}; retry later",
                     )
                 pause = min(delay * random.uniform(0.5, 1.0), remaining, max(soonest, _FIRST_RETRY_S))  # noqa: S311
                 if await self._wait_release(pause):
@@ -200,16 +199,24 @@ class ClusterLimiter:
                 delay = min(delay * 2, _MAX_RETRY_S)
         finally:
             if in_line:
-                self._spawn(self._give_back(ask))
+                self.spawn(self._give_back(ask))
 
-    def _take_local(self, ask: Ask) -> bool:
+    def _take_local(self, ask: LeaseAsk) -> bool:
+        """Under the fallback: each replica allows a tenant its share of each limit, counting every
+        request it holds, those admitted under the fallback and those still running on leases that
+        Redis granted before it became unreachable."""
         replicas = self.settings.replicas
-        if any(self._local[g] + ask.slots > max(1, g.limit // replicas) for g in ask.groups):
+        if any(self._holding(g.key) + ask.slots > max(1, g.limit // replicas) for g in ask.groups):
             return False
         for g in ask.groups:
-            self._local[g] += ask.slots
+            self._local[g.key] += ask.slots
         self._local_held += ask.slots
         return True
+
+    def _holding(self, group: str) -> int:
+        """Slots this replica's requests hold in one lease group (by its key), however they got them."""
+        leased = sum(a.slots for a in self._held.values() for g in a.groups if g.key == group)
+        return self._local[group] + leased
 
     async def _wait_release(self, timeout_s: float) -> bool:
         """True when a lease of this replica was released within ``timeout_s``."""
@@ -230,29 +237,30 @@ class ClusterLimiter:
         if lease.local:
             del self._local_leases[ask.member]
             for g in ask.groups:
-                self._local[g] -= ask.slots
-                if self._local[g] <= 0:
-                    del self._local[g]
+                self._local[g.key] -= ask.slots
+                if self._local[g.key] <= 0:
+                    del self._local[g.key]
             self._local_held -= ask.slots
             self._wake()
             return
         self._held.pop(ask.member, None)
-        self._spawn(self._give_back(ask, wake=True))
+        self.spawn(self._give_back(ask, wake=True))
 
-    async def _give_back(self, ask: Ask, wake: bool = False) -> None:
+    async def _give_back(self, ask: LeaseAsk, wake: bool = False) -> None:
         """Remove the leases (or the place in line) from Redis; a failure leaves them to expire."""
         try:
             if self.mode == "cluster":
-                async with asyncio.timeout(self._call_s):
+                async with asyncio.timeout(self.call_s):
                     await self.leases.release(ask)
-        except _REDIS_ERRORS as exc:
-            self._lost(exc)
+        except REDIS_ERRORS as exc:
+            self.lost(exc)
         finally:
             if wake:
                 self._wake()
 
     # --- modes -----------------------------------------------------------------------------------------
-    def _lost(self, exc: BaseException) -> None:
+    def lost(self, exc: BaseException) -> None:
+        """Redis failed a call: switch to ``cluster.on_redis_error`` (once) and probe until it is back."""
         self.redis_errors += 1
         if self.mode != "cluster":
             return
@@ -272,21 +280,21 @@ class ClusterLimiter:
 
     async def _probe(self) -> None:
         while True:
-            await asyncio.sleep(_PROBE_S)
+            await asyncio.sleep(PROBE_S)
             # Every request running here counts in Redis before anyone is admitted by it again: those
             # that held leases through the outage and those admitted under the local fallback.
             running = [*self._held.values(), *(lease.ask for lease in self._local_leases.values())]
             try:
-                async with asyncio.timeout(self._call_s):
+                async with asyncio.timeout(self.call_s):
                     await self.leases.ping()
                     await self.leases.renew(running, self._ttl_ms)
-            except _REDIS_ERRORS:
+            except REDIS_ERRORS:
                 self.redis_errors += 1
                 continue
             self._resume(running)
             return
 
-    def _resume(self, renewed: list[Ask]) -> None:
+    def _resume(self, renewed: list[LeaseAsk]) -> None:
         """Back to shared limits: the fallback's leases become Redis leases (renewed and released there)."""
         sent = {ask.member for ask in renewed}
         late = [lease.ask for lease in self._local_leases.values() if lease.ask.member not in sent]
@@ -299,7 +307,7 @@ class ClusterLimiter:
         self.mode = "cluster"
         self._settle(renewed)
         if late:  # admitted under the fallback while the renewal was on its way: counted now
-            self._spawn(self._renew_now(late))
+            self.spawn(self._renew_now(late))
         if self._held:
             self._start_renewer()
         _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
@@ -316,23 +324,24 @@ class ClusterLimiter:
                 continue
             await self._renew_now(list(self._held.values()))
 
-    async def _renew_now(self, asks: list[Ask]) -> None:
+    async def _renew_now(self, asks: list[LeaseAsk]) -> None:
         try:
-            async with asyncio.timeout(self._call_s):
+            async with asyncio.timeout(self.call_s):
                 await self.leases.renew(asks, self._ttl_ms)
-        except _REDIS_ERRORS as exc:
-            self._lost(exc)
+        except REDIS_ERRORS as exc:
+            self.lost(exc)
             return
         self._settle(asks)
 
-    def _settle(self, renewed: list[Ask]) -> None:
+    def _settle(self, renewed: list[LeaseAsk]) -> None:
         """A lease released while its renewal was on its way may have been put back in Redis after its
         release (two connections, no order between them): release it again, or it would count a TTL."""
         for ask in renewed:
             if ask.member not in self._held:
-                self._spawn(self._give_back(ask))
+                self.spawn(self._give_back(ask))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` off the request's path; ``aclose`` lets it finish."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -340,7 +349,7 @@ class ClusterLimiter:
     async def aclose(self) -> None:
         """Let pending releases finish (bounded by their own timeouts), stop the tasks, close the client."""
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self._call_s + 0.5)
+            await asyncio.wait(set(self._tasks), timeout=self.call_s + 0.5)
         for task in (self._renewer, self._prober, *self._tasks):
             if task is not None:
                 task.cancel()

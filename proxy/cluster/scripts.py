@@ -9,13 +9,15 @@ live on one node and a script may touch them all):
   request occupies) scored by their expiry in milliseconds. A lease not renewed by its expiry is dropped
   by the next script that looks: that is how a dead replica's leases free themselves, within the TTL;
 - ``llamagate:{T}:lease:*``: the tenant's total across models (``max_concurrency_total``), same shape;
-- ``llamagate:{T}:queue:M``: the waiters, in arrival order (score: when each first asked), and
-  ``llamagate:{T}:alive:M``: each waiter's own expiry, pushed on at every retry, so a waiter whose
-  replica died leaves the line by expiry too.
+- ``llamagate:{T}:queue:M``: the waiters, in the order of their *virtual arrival* (score: when each
+  first asked, less its priority's head start: ``proxy.admission.gate``'s order, so priorities and aging
+  hold across replicas as they do in one gate), and ``llamagate:{T}:alive:M``: each waiter's own expiry,
+  pushed on at every retry, so a waiter whose replica died leaves the line by expiry too.
 
-ACQUIRE (KEYS: queue, alive, lease group..., ARGV: member, ttl_ms, slots, max_queue, limit per lease group)
-drops expired leases and waiters, and grants when the slots fit every group's limit after the waiters
-ahead of this one (first come, first served across replicas); otherwise it puts the caller in line (a
+ACQUIRE (KEYS: queue, alive, lease group..., ARGV: member, ttl_ms, slots, max_queue, head_start_ms, join,
+limit per lease group) drops expired leases and waiters, and grants when the slots fit every group's
+limit after the waiters ahead of this one (those whose virtual arrival comes first, whatever replica
+they wait on); otherwise it puts the caller in line (``join`` 0: it does not wait, so it stays out; a
 full line: refused) and says how long until the soonest lease expires. Answer: ``{1, 0}`` granted,
 ``{0, ms}`` wait, ``{-1, 0}`` the line is full.
 
@@ -34,6 +36,8 @@ ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me, ttl, slots, max_queue = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local head_start, join = tonumber(ARGV[5]), tonumber(ARGV[6])
+local arrival = now - head_start
 local queue, alive = KEYS[1], KEYS[2]
 local gone = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
 for _, w in ipairs(gone) do
@@ -44,7 +48,7 @@ local room = nil
 local soonest = nil
 for i = 3, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  local free = tonumber(ARGV[i + 2]) - redis.call('ZCARD', KEYS[i])
+  local free = tonumber(ARGV[i + 4]) - redis.call('ZCARD', KEYS[i])
   if room == nil or free < room then room = free end
   local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
   if first[2] ~= nil then
@@ -53,7 +57,7 @@ for i = 3, #KEYS do
   end
 end
 local rank = redis.call('ZRANK', queue, me)
-local ahead = rank or redis.call('ZCARD', queue)
+local ahead = rank or redis.call('ZCOUNT', queue, '-inf', arrival)
 if ahead + slots <= room then
   for i = 3, #KEYS do
     for k = 1, slots do
@@ -71,7 +75,10 @@ if not rank then
   if redis.call('ZCARD', queue) >= max_queue then
     return {-1, 0}
   end
-  redis.call('ZADD', queue, now, me)
+  if join == 0 then
+    return {0, soonest or ttl}
+  end
+  redis.call('ZADD', queue, arrival, me)
 end
 redis.call('ZADD', alive, now + ttl, me)
 redis.call('PEXPIRE', queue, 2 * ttl)

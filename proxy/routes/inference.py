@@ -6,14 +6,14 @@ the model the body names picks its lane (``proxy.models.router``: name or alias,
 lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
 the request's own priority and queue wait (headers, ``proxy.admission.asks``: a 400 before the body is
 read), the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
-it also says how many slots the request occupies), the token and request budgets of a store
-(``proxy.routes.charge``: a 429 before any slot or queue), the optional prompt-size check (before a
-slot is taken), with ``cluster.redis_url`` the budgets and leases shared with the other replicas
-(``proxy.cluster``: before the local gate, so no slot is held while a lease is awaited), then admission
-of that many slots on the lane's gate (and the tenant's total at the door), then the child. Every step
-that can wait (queue, first token, the stream) runs under the client watch, so a client that leaves
-releases what it held at once (not the on-demand load wait: the load is shared with other requests and
-goes on; a client that left during it is noticed at admission).
+it also says how many slots the request occupies), then admission: the request, described once
+(``proxy.admission.pipeline.Ask``), enters the door's pipeline (``state.admission``), which takes the
+budgets (a 429 before any queue or slot), runs the optional prompt-size check (a 400 before any wait),
+then the tenant's total, its leases shared with the other replicas when there are any, and last slots
+of the lane's gate; the pipeline's steps are the door's business, not this module's. Then the child.
+Every step that can wait (queue, first token, the stream) runs under the client watch, so a client that
+leaves releases what it held at once (not the on-demand load wait: the load is shared with other
+requests and goes on; a client that left during it is noticed at admission).
 
 From the client watch on, the request is listed in the door's registry (``proxy.admission.inflight``:
 ``GET /admin/requests``), queued until its permit, then running; an operator's cancel comes through the
@@ -25,14 +25,15 @@ stream; ``total_s`` from arrival to the last byte. A non-streamed answer only ha
 
 A generation whose child dies (exit, liveness kill, restart) before any byte of its answer reached the
 client is admitted again, at the head of its tenant's queue, and runs once more on the next READY child
-within the same deadlines (``_attempts``, the loop around admit-and-forward; ``proxy.routes.replay``
-says when and how long it waits).
+within the same deadlines (``_attempts``, the loop around forward; only the slots are taken again, with
+``Pipeline.retake_slot``; ``proxy.routes.replay`` says when and how long it waits).
 
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
 Answers to keys that may not see prompt-cache hits go through ``proxy.streams.privacy``; the answer's way
-back is ``proxy.streams.relay``. With a store, the request's charge (``proxy.routes.charge``) wraps it
-all and charges the child's reported usage at the end.
+back is ``proxy.streams.relay``. With a store or budgets, the request's account (``proxy.routes.charge``)
+wraps the attempts and charges the child's reported usage at the end, to the ledger and every budget
+hold of the grant.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.admission import cost as limits
+from proxy.admission import cost
 from proxy.admission.asks import Asked, asked
 from proxy.admission.gate import Permit
 from proxy.admission.inflight import Tracked
+from proxy.admission.pipeline import Ask, Grant
 from proxy.admission.settle import SlotsSettled
-from proxy.asgi import body as bodies
+from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
-from proxy.cluster.limiter import ClusterLease
-from proxy.errors import BadRequest, ContextTooLarge, NotFound, Rejected, UpstreamFailure, UpstreamTimeout
+from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
-from proxy.routes.charge import Charge, _NoCharge, open_charge
+from proxy.routes.charge import Account, NoAccount, open_account
 from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
 from proxy.settings import TenantSettings, Timeouts
@@ -77,6 +78,41 @@ class _Plan:
         self.stream = stream  # the client asked for a stream
         self.assemble = assemble  # non-streamed for the client, streamed from the child
         self.hide = hide  # strip prompt-cache detail from the answer
+
+
+class _Request:
+    """One generation request on its way through the endpoint: who sent it, which model's lane it
+    chose, the body as the child gets it and how it goes there (``plan``), the client's side of the
+    connection, its account, and (once admission started) its client watch and registry entry."""
+
+    __slots__ = (
+        "account",
+        "ctx",
+        "entry",
+        "lane",
+        "plan",
+        "raw",
+        "receive",
+        "send",
+        "tenant",
+        "watch",
+        "who",
+    )
+
+    def __init__(
+        self, ctx: RequestContext, who: Principal, tenant: TenantSettings, send: Send, receive: Receive
+    ) -> None:
+        self.ctx = ctx
+        self.who = who
+        self.tenant = tenant
+        self.send = send
+        self.receive = receive
+        self.lane: Lane
+        self.raw: bytes
+        self.plan: _Plan
+        self.account: Account | NoAccount
+        self.watch: ClientWatch
+        self.entry: Tracked
 
 
 class _Deadlines:
@@ -104,13 +140,13 @@ class Inference:
         self.route = spec.path
         self.spec = spec
         self.fmt: StreamFormat = spec.stream
-        self.kind: limits.CostKind = spec.cost
+        self.cost_kind: cost.CostKind = spec.cost
         self.needs = spec.needs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
-        tenant = state.tenant(who.tenant)
+        req = _Request(ctx, who, state.tenant(who.tenant), send, receive)
         asks = asked(scope["headers"])  # None for nearly every request: it asks nothing
         only = state.router.only()
         snap: UpstreamSnapshot | None = None
@@ -119,10 +155,10 @@ class Inference:
             ctx.model = only.name
             snap = only.ready_snapshot()
             self._servable(only, snap)
-        raw = await bodies.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
-        payload = bodies.parse_object(raw)
+        raw = await body.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
+        payload = body.parse_object(raw)
         # The only one when ``snap`` is set; a store key may be limited to some models (``who.models``).
-        lane = state.router.resolve(payload.get("model"), tenant, who.models)
+        lane = req.lane = state.router.resolve(payload.get("model"), req.tenant, who.models)
         ctx.model = lane.name
         lane.touch()
         if snap is None:
@@ -131,8 +167,7 @@ class Inference:
         try:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
-            with open_charge(state, ctx, who, lane.name, self.spec.kind) as charge:
-                await self._admitted(lane, snap, ctx, who, tenant, raw, payload, send, receive, charge, asks)
+            await self._admitted(req, snap, raw, payload, asks)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -142,32 +177,20 @@ class Inference:
             raise NotFound(f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)")
 
     async def _admitted(
-        self,
-        lane: Lane,
-        snap: UpstreamSnapshot,
-        ctx: RequestContext,
-        principal: Principal,
-        tenant: TenantSettings,
-        raw: bytes,
-        payload: dict[str, Any],
-        send: Send,
-        receive: Receive,
-        charge: Charge | _NoCharge,
-        asks: Asked | None,
+        self, req: _Request, snap: UpstreamSnapshot, raw: bytes, payload: dict[str, Any], asks: Asked | None
     ) -> None:
-        state = self.state
-        admin = "admin" in principal.scopes
+        state, ctx, tenant, lane = self.state, req.ctx, req.tenant, req.lane
+        admin = "admin" in req.who.scopes
         # An alias becomes the child's own name for the model.
         model = payload.get("model")
         rewrite = model is not None and model != snap.model_alias
         if rewrite:
             payload["model"] = snap.model_alias
-        cost = limits.check(self.kind, payload, tenant, admin=admin, capacity=snap.slots)
-        rewrite = cost.rewritten or rewrite
-        charge.admit(cost.sequences, snap.ctx_per_slot)  # the budgets: 429 before a slot or a queue
+        size = cost.check(self.cost_kind, payload, tenant, admin=admin, capacity=snap.slots)
+        rewrite = size.rewritten or rewrite
         stream = payload.get("stream") is True and self.spec.generates
-        if tenant.check_prompt_size:
-            prompt_payload = dict(payload)  # as the client sent it: counted before we make it a stream
+        # As the client sent it: counted before we make it a stream.
+        prompt_payload = dict(payload) if tenant.check_prompt_size else None
         assemble = None if stream else assembled_as(self.spec.assembled, payload)
         if assemble is not None:
             payload["stream"] = True
@@ -176,87 +199,60 @@ class Inference:
             # that left during a long prompt too, not only once it generates (consumed here, never sent).
             payload["return_progress"] = True
             rewrite = True
-        if rewrite:
-            raw = bodies.dump(payload)
-        plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+        req.raw = body.dump(payload) if rewrite else raw
+        req.plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+        req.account = open_account(state, ctx, req.who, lane.name, self.spec.kind)
+        ask = Ask(
+            tenant,
+            req.who.key_id,
+            lane.name,
+            size.slots,
+            # An upper bound of the tokens it can use (``proxy.accounts.budgets``): every sequence at
+            # most fills its slot's context (llama-server stops a sequence there: context shift is off).
+            reserve=max(1, size.sequences) * snap.ctx_per_slot if snap.ctx_per_slot > 0 else None,
+            priority=asks.priority if asks is not None else None,
+            max_wait_s=asks.max_wait_s if asks is not None else None,
+            key_budgets=req.who.budgets,
+            request_id=ctx.request_id,
+        )
 
-        async with ClientWatch(receive) as watch:
-            entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
-            inflight = state.inflight
-            inflight.add(entry)
+        async def check_prompt() -> None:
+            assert prompt_payload is not None
+            # Re-read: the child may have restarted while the body was on its way.
+            await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+
+        async with ClientWatch(req.receive) as watch:
+            req.watch = watch
+            req.entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
+            state.inflight.add(req.entry)
             try:
-                if tenant.check_prompt_size:
-                    # Re-read: the child may have restarted while the body was on its way.
-                    await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
-                with state.totals.hold(tenant, cost.slots):
-                    # Leases shared with the other replicas (``proxy.cluster``), before the lane's own gate.
-                    lease = (
-                        None
-                        if state.cluster is None
-                        else await self._lease(lane, ctx, tenant, cost.slots, charge)
-                    )
-                    try:
-                        await self._attempts(
-                            lane, ctx, tenant.name, cost.slots, raw, plan, send, watch, charge, entry, asks
-                        )
-                    finally:
-                        if lease is not None:
-                            lease.release()
+                check = check_prompt if prompt_payload is not None else None
+                async with state.admission.admit(ask, ctx, lane.admission, check) as grant:
+                    with req.account.charging(grant):
+                        await self._attempts(req, grant)
             finally:
-                inflight.remove(entry)
+                state.inflight.remove(req.entry)
 
-    async def _lease(
-        self, lane: Lane, ctx: RequestContext, tenant: TenantSettings, slots: int, charge: Charge | _NoCharge
-    ) -> ClusterLease:
-        cluster = self.state.cluster
-        assert cluster is not None
-        try:
-            return await cluster.acquire(ctx, lane.name, tenant, slots, charge)
-        except Rejected as exc:
-            if exc.reason not in ("queue_full", "queue_timeout"):
-                raise
-            # The shared line knows no service times; this replica's gate knows the tenant's recent ones.
-            # A client told "1 s" while a lease is held for minutes comes back (through a retrying
-            # balancer, to every replica) dozens of times for nothing.
-            wait_s = max(exc.retry_after_s, lane.admission.estimate_wait(tenant.name))
-            raise Rejected(exc.reason, wait_s, exc.message) from None
-
-    # --- admit and forward; once more on the next child (``proxy.routes.replay``) ------------------------
-    async def _attempts(
-        self,
-        lane: Lane,
-        ctx: RequestContext,
-        tenant: str,
-        slots: int,
-        raw: bytes,
-        plan: _Plan,
-        send: Send,
-        watch: ClientWatch,
-        charge: Charge | _NoCharge,
-        entry: Tracked,
-        asks: Asked | None,
-    ) -> None:
-        """Admit the request and forward it; when its child dies before any byte of the answer reached
-        the client, wait for the next READY child and do it once more, at the head of the tenant's
-        queue and within the deadlines of the first admission."""
-        deadlines: _Deadlines | None = None
-        priority, max_wait_s = (asks.priority, asks.max_wait_s) if asks is not None else (None, None)
+    # --- forward; once more on the next child (``proxy.routes.replay``) ----------------------------------
+    async def _attempts(self, req: _Request, grant: Grant) -> None:
+        """Forward the admitted request; when its child dies before any byte of the answer reached the
+        client, wait for the next READY child and do it once more, at the head of the tenant's queue
+        and within the deadlines of the first admission."""
+        ctx, lane = req.ctx, req.lane
+        deadlines = _Deadlines(self.state.settings.timeouts, ctx.started)
+        permit = grant.permit
+        assert permit is not None
         while True:
-            permit = await lane.admission.acquire(
-                tenant, slots, priority=priority, max_wait_s=max_wait_s, front=ctx.replayed
-            )
-            ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + permit.queue_wait_s
-            deadlines = deadlines or _Deadlines(self.state.settings.timeouts, ctx.started)
             exchange = Exchange()
             snap: UpstreamSnapshot | None = None
             replay: tuple[UpstreamFailure, str] | None = None
             try:
                 # The child may have restarted while we queued: never mix its old address and new secret.
                 snap = lane.ready_snapshot()
-                relay = Relay(ctx, send, watch, self.fmt, exchange, charge.tap(self.fmt))
-                charge.relay = relay  # charged at the end: the last attempt's usage
-                entry.running(relay)
-                await self._forward(snap, raw, plan, relay, ctx, deadlines)
+                relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, req.account.tap(self.fmt))
+                req.account.relay = relay  # charged at the end: the last attempt's usage
+                req.entry.running(relay)
+                await self._forward(snap, req, relay, deadlines)
                 return
             except UpstreamFailure as exc:
                 reason = replay_reason(exc, ctx) if self.spec.replayable else None
@@ -264,44 +260,39 @@ class Inference:
                     raise
                 replay = (exc, reason)
             finally:
-                self._release(lane, permit, exchange, snap, ctx, child_gone=replay is not None)
+                self._release(req, permit, exchange, snap, child_gone=replay is not None)
             assert snap is not None  # a failure of the child needs a child
             waited = time.monotonic()
-            until = min(deadlines.first_at, deadlines.total_at) if plan.stream else deadlines.total_at
-            entry.queued()
+            until = min(deadlines.first_at, deadlines.total_at) if req.plan.stream else deadlines.total_at
+            req.entry.queued()
             await Replay(self.state, lane, ctx).next_child(snap, *replay, until)
-            ctx.queue_wait_s += time.monotonic() - waited
+            ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
+            permit = await self.state.admission.retake_slot(grant)
 
     def _release(
         self,
-        lane: Lane,
+        req: _Request,
         permit: Permit,
         exchange: Exchange,
         snap: UpstreamSnapshot | None,
-        ctx: RequestContext,
         child_gone: bool,
     ) -> None:
         """Give the attempt's permit back: at once when the child is gone or left nothing running (a dead
         child has no slot to free), else after the child noticed (``Exchange.linger_s``)."""
         linger_s = 0.0 if child_gone else exchange.linger_s()
         if linger_s > 0 and snap is not None:
-            state = self.state
+            lane = req.lane
             settled = SlotsSettled(
-                lane.snapshot, lane.admission, state.upstream, snap, permit.slots, ctx.request_id
+                lane.snapshot, lane.admission, self.state.upstream, snap, permit.slots, req.ctx.request_id
             )
             permit.release(linger_s, settled.wait)
         else:
             permit.release()
 
     async def _forward(
-        self,
-        snap: UpstreamSnapshot,
-        raw: bytes,
-        plan: _Plan,
-        relay: Relay,
-        ctx: RequestContext,
-        deadlines: _Deadlines,
+        self, snap: UpstreamSnapshot, req: _Request, relay: Relay, deadlines: _Deadlines
     ) -> None:
+        ctx, plan, raw = req.ctx, req.plan, req.raw
         stream = plan.stream
         exchange = relay.exchange
         limit_bytes = self.state.settings.max_response_bytes
@@ -377,7 +368,7 @@ async def count_prompt_tokens(
     (then the child decides, as it would without the check)."""
     counter = COUNT_ROUTES.get(route)
     if counter is not None:
-        answer = await _ask(state, snap, counter, bodies.dump(payload), request_id)
+        answer = await _ask(state, snap, counter, body.dump(payload), request_id)
         count = answer.get("input_tokens") if answer else None
         return count if isinstance(count, int) else None
     prompt = payload.get("prompt")
@@ -389,7 +380,7 @@ async def count_prompt_tokens(
         if not isinstance(text, str):
             return None
         answer = await _ask(
-            state, snap, "/tokenize", bodies.dump({"content": text, "add_special": True}), request_id
+            state, snap, "/tokenize", body.dump({"content": text, "add_special": True}), request_id
         )
         tokens = answer.get("tokens") if answer else None
         if not isinstance(tokens, list):
@@ -418,7 +409,7 @@ async def _ask(
     if response.status != 200:
         return {}
     try:
-        answer = bodies.parse_object(content)
+        answer = body.parse_object(content)
     except BadRequest:
         return {}
     return answer

@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.asgi.context import RequestContext
 from proxy.cluster.limiter import ClusterLimiter
 from proxy.settings import ClusterSettings, TenantSettings
 from supervisor.bench.stats import percentile
@@ -45,9 +44,8 @@ async def _phase(limiter: ClusterLimiter, requests: int, concurrency: int) -> li
         nonlocal left
         while left > 0:
             left -= 1
-            ctx = RequestContext("bench", time.monotonic())
             started = time.perf_counter()
-            lease = await limiter.acquire(ctx, "model", tenant, 1)
+            lease = await limiter.acquire("model", tenant, 1)
             waits.append((time.perf_counter() - started) * 1000)
             lease.release()
 

@@ -180,3 +180,154 @@ async def test_a_refusal_of_the_shared_line_says_when_a_slot_is_likely_free(
         assert refused.status_code == 429 and "across the replicas" in refused.text, refused.text
         assert int(refused.headers["retry-after"]) >= 3  # about the 3 s the tenant's requests take
         assert (await running).status_code == 200
+
+
+# --- the promises of one daemon hold across replicas (issue 38) -------------------------------------------
+
+
+async def _pair(
+    proxy_factory: ProxyFactory, redis_server: RedisServer, tenants: tuple[TenantSettings, ...], **kw: object
+) -> tuple[FakeLlama, dict[str, object]]:
+    fake = FakeLlama(secret=SECRET, tokens=4)
+    await fake.start()
+    return fake, {"tenants": tenants, "cluster": cluster(redis_server), "fake": fake, **kw}
+
+
+async def test_max_wait_zero_at_the_cluster_wide_limit_is_a_429_at_once(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    """``X-LlamaGate-Max-Wait: 0`` means a slot now or a 429 now, also while the tenant's leases are all
+    held on another replica (the shared line used to wait the tenant's whole queue_timeout_s)."""
+    _, settings = await _pair(proxy_factory, redis_server, TENANTS)
+    async with proxy_factory(**settings) as a, proxy_factory(**settings) as b:
+        b.state.reload(a.settings)
+        headers = {"authorization": f"Bearer {a.keys['user']}"}
+        slow = {**CHAT, "fake_delay_ms": 3000}
+        async with a.client() as ca, httpx.AsyncClient(base_url=b.url, headers=headers, timeout=30) as cb:
+            running = [asyncio.create_task(ca.post("/v1/chat/completions", json=slow)) for _ in range(2)]
+            redis = Redis.from_url(redis_server.url)
+            try:
+                await until(lambda: _count(redis, 2), "the tenant's two leases held on replica a")
+            finally:
+                await redis.aclose()
+            started = time.monotonic()
+            now_or_never = await cb.post(
+                "/v1/chat/completions", json=CHAT, headers={"x-llamagate-max-wait": "0"}
+            )
+            took = time.monotonic() - started
+            assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
+        assert now_or_never.status_code == 429, now_or_never.text
+        assert took < 1.0, took
+        assert "own maximum wait" in now_or_never.json()["error"]["message"]
+
+
+async def test_an_interactive_request_overtakes_a_waiting_batch_one_across_replicas(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    """Priorities with aging hold in the shared line as in one gate: a batch request waiting on replica
+    a for the tenant's one lease is passed by an interactive request that arrives later on replica b
+    (well within the 10 s aging bound), and both are served. The batch request waits on the replica
+    whose lease is freed, so it is woken first: only the line's order puts the other one first."""
+    tenants = (TenantSettings("team", max_concurrency=1, max_queue=8, queue_timeout_s=20, priority=10),)
+    _, settings = await _pair(proxy_factory, redis_server, tenants)
+    finished: list[str] = []
+
+    async def post(client: httpx.AsyncClient, name: str, priority: str) -> int:
+        r = await client.post(
+            "/v1/chat/completions",
+            json={**CHAT, "fake_delay_ms": 400},
+            headers={"x-llamagate-priority": priority},
+        )
+        finished.append(name)
+        return r.status_code
+
+    async with proxy_factory(**settings) as a, proxy_factory(**settings) as b:
+        b.state.reload(a.settings)
+        headers = {"authorization": f"Bearer {a.keys['user']}"}
+        redis = Redis.from_url(redis_server.url)
+        try:
+            async with a.client() as ca, httpx.AsyncClient(base_url=b.url, headers=headers, timeout=30) as cb:
+                first = asyncio.create_task(post(ca, "first", "interactive"))
+                await until(lambda: _count(redis, 1), "the tenant's one lease held")
+                batch = asyncio.create_task(post(ca, "batch", "batch"))
+                await until(lambda: _queued(redis, 1), "the batch request waiting in the shared line")
+                interactive = asyncio.create_task(post(cb, "interactive", "interactive"))
+                await until(lambda: _queued(redis, 2), "the interactive request waiting too")
+                assert await asyncio.gather(first, batch, interactive) == [200, 200, 200]
+        finally:
+            await redis.aclose()
+        assert finished == ["first", "interactive", "batch"]
+
+
+async def _queued(redis: Redis, n: int) -> bool:
+    waiting = 0
+    async for key in redis.scan_iter("llamagate:{team}:queue:*"):
+        waiting += await redis.zcard(key)
+    return waiting == n
+
+
+async def test_rate_limit_headers_of_one_replica_count_tokens_spent_through_another(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    from proxy.settings import BudgetSettings
+
+    limit = 100_000
+    tenants = (
+        TenantSettings("team", max_concurrency=2, budgets=BudgetSettings(tokens_per_minute=limit)),
+        *TENANTS[1:],
+    )
+    _, settings = await _pair(proxy_factory, redis_server, tenants)
+    async with proxy_factory(**settings) as a, proxy_factory(**settings) as b:
+        b.state.reload(a.settings)
+        headers = {"authorization": f"Bearer {a.keys['user']}"}
+        redis = Redis.from_url(redis_server.url)
+        try:
+            async with a.client() as ca, httpx.AsyncClient(base_url=b.url, headers=headers, timeout=30) as cb:
+                first = await ca.post("/v1/chat/completions", json=CHAT)
+                assert first.status_code == 200
+                usage = first.json()["usage"]
+                spent = usage["prompt_tokens"] + usage["completion_tokens"]
+                # Nothing was spent before it: what it shows left is the limit less its own reserve.
+                reserve = limit - int(first.headers["x-ratelimit-remaining-tokens"])
+                assert reserve > 0
+
+                async def charged() -> bool:  # the charge reaches Redis off the request's path
+                    return await _window_tokens(redis) == spent
+
+                await until(charged, "replica a's charge in the shared window")
+                second = await cb.post("/v1/chat/completions", json=CHAT)
+        finally:
+            await redis.aclose()
+        assert second.status_code == 200
+        assert int(second.headers["x-ratelimit-limit-tokens"]) == limit
+        # Replica b alone has seen no token spent: its own figure would be limit - reserve.
+        assert int(second.headers["x-ratelimit-remaining-tokens"]) == limit - reserve - spent
+
+
+async def _window_tokens(redis: Redis) -> int:
+    amounts = await redis.hvals("llamagate:{team}:budget:tenant:team:tokens_per_minute")
+    return sum(int(v) for v in amounts)
+
+
+async def test_shared_windows_survive_a_restart_of_every_replica(
+    proxy_factory: ProxyFactory, redis_server: RedisServer
+) -> None:
+    """The windows live in Redis: replicas that all restart (no store) still find the requests counted."""
+    from proxy.settings import BudgetSettings
+
+    tenants = (
+        TenantSettings("team", max_concurrency=2, budgets=BudgetSettings(requests_per_minute=2)),
+        *TENANTS[1:],
+    )
+    _, settings = await _pair(proxy_factory, redis_server, tenants)
+    async with proxy_factory(**settings) as a, a.client() as ca:
+        statuses = [(await ca.post("/v1/chat/completions", json=CHAT)).status_code for _ in range(2)]
+        assert statuses == [200, 200]
+        keys, key = a.settings, a.keys["user"]
+    async with proxy_factory(**settings) as again:
+        again.state.reload(keys)
+        headers = {"authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=again.url, headers=headers, timeout=30) as c:
+            refused = await c.post("/v1/chat/completions", json=CHAT)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "requests_per_minute"

@@ -9,15 +9,15 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from proxy.cluster.leases import TOTAL, Ask, Group, RedisLeases
+from proxy.cluster.leases import TOTAL, Group, LeaseAsk, RedisLeases
 
 pytestmark = pytest.mark.needs_tool("redis-server")
 
 TTL_MS = 10_000
 
 
-def ask(member: str, limit: int = 2, slots: int = 1, max_queue: int = 8, model: str = "m") -> Ask:
-    return Ask(member, slots, (Group("t", model, limit),), max_queue)
+def ask(member: str, limit: int = 2, slots: int = 1, max_queue: int = 8, model: str = "m") -> LeaseAsk:
+    return LeaseAsk(member, slots, (Group("t", model, limit),), max_queue)
 
 
 async def until(pred: object, what: str, timeout_s: float = 10.0) -> None:
@@ -135,8 +135,8 @@ async def test_a_full_line_refuses(redis_client: Redis) -> None:
 async def test_the_total_holds_across_models(redis_client: Redis) -> None:
     leases = RedisLeases(redis_client)
 
-    def both(member: str, model: str) -> Ask:
-        return Ask(member, 1, (Group("t", model, 2), Group("t", TOTAL, 2)), 8)
+    def both(member: str, model: str) -> LeaseAsk:
+        return LeaseAsk(member, 1, (Group("t", model, 2), Group("t", TOTAL, 2)), 8)
 
     assert (await leases.acquire(both("a", "x"), TTL_MS))[0] == "granted"
     assert (await leases.acquire(both("b", "y"), TTL_MS))[0] == "granted"
@@ -149,5 +149,5 @@ async def test_tenants_do_not_share_leases(redis_client: Redis) -> None:
     leases = RedisLeases(redis_client)
     for m in "ab":
         await leases.acquire(ask(m, limit=2), TTL_MS)
-    other = Ask("z", 1, (Group("u", "m", 2),), 8)
+    other = LeaseAsk("z", 1, (Group("u", "m", 2),), 8)
     assert (await leases.acquire(other, TTL_MS))[0] == "granted"

@@ -32,7 +32,18 @@ async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[SharedBudgets, 
 async def admit(
     b: SharedBudgets, budgets: BudgetSettings, reserve: int | None
 ) -> SharedTicket | Refusal | None:
-    return await b.check("t", budgets, "k1", None, reserve)
+    return await verdict(b, budgets, "k1", None, reserve)
+
+
+async def verdict(
+    b: SharedBudgets,
+    budgets: BudgetSettings | None,
+    key_id: str,
+    key_budgets: BudgetSettings | None,
+    reserve: int | None,
+) -> SharedTicket | Refusal | None:
+    checked = await b.check("t", budgets, key_id, key_budgets, reserve)
+    return None if checked is None else checked.ticket or checked.refusal
 
 
 async def test_reserves_are_held_across_replicas_then_one_overshoots(
@@ -47,7 +58,7 @@ async def test_reserves_are_held_across_replicas_then_one_overshoots(
     assert refused.retry_after_s >= 1.0
     for x, t in zip((a, b, a, b), (*held, over), strict=True):
         assert isinstance(t, SharedTicket)
-        await x._send_charge(t, 64)  # charged: 256 used, nothing held
+        await x.send_charge(t, 64)  # charged: 256 used, nothing held
     spent = await admit(a, TOKENS, 1)
     assert isinstance(spent, Refusal) and not spent.in_flight and spent.used == 256
     assert 0 < spent.retry_after_s <= 61  # when enough of the minute's charges leave it
@@ -69,10 +80,10 @@ async def test_a_key_budget_and_no_budget(pair: tuple[SharedBudgets, SharedBudge
     a, b = pair
     assert await a.check("t", None, "k1", None, 64) is None  # nothing to ask Redis
     key = BudgetSettings(requests_per_minute=1)
-    assert isinstance(await a.check("t", None, "k1", key, None), SharedTicket)
-    refused = await b.check("t", None, "k1", key, None)
+    assert isinstance(await verdict(a, None, "k1", key, None), SharedTicket)
+    refused = await verdict(b, None, "k1", key, None)
     assert isinstance(refused, Refusal) and refused.subject == "key"
-    assert isinstance(await b.check("t", None, "k2", key, None), SharedTicket)  # another key
+    assert isinstance(await verdict(b, None, "k2", key, None), SharedTicket)  # another key
 
 
 async def test_redis_down_local_leaves_it_to_the_replica_refuse_answers_503(

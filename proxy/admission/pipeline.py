@@ -1,0 +1,191 @@
+"""One admission pipeline: every limit a generation request passes, behind one interface.
+
+A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, deadline)
+and handed to each limit in turn. Each limit is a ``Step``: ``take(ask, grant)`` returns a ``Hold`` or
+raises the refusal (429 or 503) that names the limit; a step that waits (a queue, a lease) waits at
+most what the request has left of its wait. Every hold is closed exactly once: ``close(spent)`` charges
+what the request used (``Spent``: its tokens), ``close(None)`` gives the hold back. A hold that does not
+count tokens (a slot, a lease, a tenant's total) treats both the same.
+
+The steps, in the order a request meets them (cheapest refusal first, and nothing that holds a slot
+while it waits for something else):
+
+1. the budgets kept by this replica (``proxy.admission.budgets``: a store's, or in memory without one);
+2. with ``cluster.redis_url``, the same budgets as every replica counts them together in Redis
+   (``proxy.cluster.steps``);
+3. the tenant's total across models (``proxy.admission.totals``);
+4. the tenant's concurrency: as leases in Redis with ``cluster.redis_url`` (``proxy.cluster.steps``);
+5. the slots of the model's child: its lane's gate (``proxy.admission.gate``), given by the endpoint
+   with the request (the only step that depends on the model the body names).
+
+The pipeline is built from the settings by the door's state (``proxy.state``: again on reload), with the
+Redis steps present only when configured; the request path never asks "cluster or not". The endpoint
+enters it once (``async with pipeline.admit(ask, ctx) as grant``); a request run again on the next
+child (a replay) gives its slot back and takes one again (``Grant.retake_slot``): it keeps every other
+hold, so it is neither charged nor counted twice.
+
+What the steps tell the answer goes through the grant: the rate-limit headers of the budgets (the
+cluster-wide figures where there are any, since the Redis step comes after this replica's) and the time
+spent waiting, which are put on the request's record (``RequestContext``) as each step returns or
+refuses, so a 429 carries them too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from proxy.admission.gate import Admission, Permit
+from proxy.asgi.context import RequestContext
+from proxy.settings import BudgetSettings, TenantSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a finished request is charged: prompt plus completion tokens, at a wall-clock time."""
+
+    tokens: int
+    at: float
+
+
+class Hold(Protocol):
+    """What one step holds for a request until it ends."""
+
+    def close(self, spent: Spent | None) -> None:
+        """Charge ``spent`` (None: the request used nothing) and give the hold back. Called once."""
+        ...
+
+
+class Step(Protocol):
+    """One limit. ``take`` returns the request's hold or raises its refusal (``proxy.errors``)."""
+
+    async def take(self, ask: Ask, grant: Grant) -> Hold: ...
+
+
+Check = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Ask:
+    """A request as every step sees it. ``priority`` is the request's own level (its tenant's, or a
+    lower one it asked for); ``max_wait_s`` the wait it asked for (None: its tenant's
+    ``queue_timeout_s``), which caps every wait of the pipeline together: ``waited_s`` is what the
+    steps have used of it so far."""
+
+    tenant: TenantSettings
+    key_id: str
+    model: str
+    slots: int = 1
+    reserve: int | None = None  # the most tokens it can use; None: unknown (``proxy.accounts.budgets``)
+    priority: int | None = None
+    max_wait_s: float | None = None
+    key_budgets: BudgetSettings | None = None
+    request_id: str = ""
+    front: bool = False  # a replay: at the head of its tenant's queue (``proxy.admission.gate``)
+    waited_s: float = 0.0
+
+    @property
+    def level(self) -> int:
+        """The priority it is queued at: its own, never above its tenant's."""
+        own = self.tenant.priority
+        return own if self.priority is None else min(self.priority, own)
+
+    @property
+    def wait_limit_s(self) -> float:
+        """Its whole wait, over every step: what it asked for, capped by its tenant's queue timeout."""
+        limit = self.tenant.queue_timeout_s
+        return limit if self.max_wait_s is None else min(self.max_wait_s, limit)
+
+    @property
+    def wait_left_s(self) -> float:
+        return max(0.0, self.wait_limit_s - self.waited_s)
+
+
+@dataclass(eq=False)
+class Grant:
+    """What the pipeline gave one request: its holds (closed at the end, last first), its slot, and what
+    the answer says of them."""
+
+    ask: Ask
+    ctx: RequestContext
+    gate: Admission
+    holds: list[Hold] = field(default_factory=list)
+    permit: Permit | None = None
+    # Rate-limit headers for every answer to the request (``RequestContext.extra_headers``).
+    rate_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    spent: Spent | None = None
+
+    def waited(self, seconds: float) -> None:
+        """A step waited ``seconds``: it counts against the request's wait and as its queue time."""
+        self.ask.waited_s += seconds
+        self.ctx.queue_wait_s = (self.ctx.queue_wait_s or 0.0) + seconds
+
+    def show(self, rate_headers: list[tuple[bytes, bytes]]) -> None:
+        """A budget step's rate-limit headers; a later step's (the cluster-wide figures) replace them."""
+        self.rate_headers = rate_headers
+        self.ctx.extra_headers = rate_headers
+
+    def charge(self, tokens: int) -> None:
+        """What the request used, charged to every hold when the grant ends."""
+        self.spent = Spent(tokens, time.time())
+
+
+class Pipeline:
+    """``budgets``: the steps that charge (no wait: a spent budget is a 429 before anything else);
+    ``limits``: the steps that count the request while it runs (and may wait); then the model's slots."""
+
+    def __init__(self, budgets: Sequence[Step], limits: Sequence[Step]) -> None:
+        self.budgets = tuple(budgets)
+        self.limits = tuple(limits)
+
+    @asynccontextmanager
+    async def admit(
+        self, ask: Ask, ctx: RequestContext, gate: Admission, check: Check | None = None
+    ) -> AsyncIterator[Grant]:
+        """Take every step's hold, then slots of ``gate`` (the model's); give them all back (charged
+        with ``Grant.charge``) when the block ends, however it ends. A refusal gives back what the
+        earlier steps took. ``check``: the request's own check against its child (the prompt's size),
+        after the budgets and before any wait."""
+        grant = Grant(ask, ctx, gate)
+        try:
+            for step in self.budgets:
+                grant.holds.append(await step.take(ask, grant))
+            if check is not None:
+                await check()
+            for step in self.limits:
+                grant.holds.append(await step.take(ask, grant))
+            await _take_slots(grant)
+            yield grant
+        finally:
+            _close(grant)
+
+    async def retake_slot(self, grant: Grant) -> Permit:
+        """A replay: slots again, at the head of the tenant's queue, within a wait of its own (the
+        request waited for the next child, not for a slot)."""
+        ask = grant.ask
+        ask.front, ask.waited_s = True, 0.0
+        return await _take_slots(grant)
+
+
+async def _take_slots(grant: Grant) -> Permit:
+    ask = grant.ask
+    # Nothing waited yet: the gate applies the request's own wait and names it in a refusal; after a
+    # lease's wait, what is left of it.
+    max_wait_s = ask.max_wait_s if ask.waited_s == 0 else ask.wait_left_s
+    permit = await grant.gate.acquire(
+        ask.tenant.name, ask.slots, priority=ask.priority, max_wait_s=max_wait_s, front=ask.front
+    )
+    grant.permit = permit
+    grant.waited(permit.queue_wait_s)
+    return permit
+
+
+def _close(grant: Grant) -> None:
+    if grant.permit is not None:
+        grant.permit.release()  # at once, unless the request released it itself (with its linger)
+    spent = grant.spent
+    for hold in reversed(grant.holds):
+        hold.close(spent)
