@@ -68,9 +68,8 @@ _PLAN_CACHE = 10_000
 EXPIRY_LAG_S = 1.0
 
 WindowId = tuple[Subject, str, BudgetName]
-# Rendered rate-limit header lines (``proxy.asgi.head``); empty without budgets.
-RateHeaders = bytes
-_NO_HEADERS: RateHeaders = b""
+# OpenAI's rate-limit headers as ASGI header pairs (name, value); empty without budgets.
+RateHeaders = list[tuple[bytes, bytes]]
 
 
 @dataclass(eq=False, slots=True)
@@ -87,7 +86,7 @@ class Ticket:
     # windows it was found to touch (its charge needs no second lookup while they stand).
     held_in: list[_Holds] = field(default_factory=list, init=False)
     over_in: list[_Holds] = field(default_factory=list, init=False)
-    headers: RateHeaders = field(default=_NO_HEADERS, init=False)
+    headers: RateHeaders = field(default_factory=list, init=False)
     plan: _Plan | None = field(default=None, init=False)
     settled: bool = field(default=False, init=False)
 
@@ -192,13 +191,12 @@ def openai_duration(seconds: float) -> str:
 
 
 def rate_limit_headers(kind: str, limit: int, remaining: int, reset_s: float) -> RateHeaders:
-    """OpenAI's three ``x-ratelimit-*`` headers of one kind (``tokens`` or ``requests``), rendered
-    (``proxy.asgi.head``: fixed names, digits and durations, never a client's or the child's bytes)."""
-    return (
-        f"x-ratelimit-limit-{kind}: {limit}\r\n"
-        f"x-ratelimit-remaining-{kind}: {max(0, remaining)}\r\n"
-        f"x-ratelimit-reset-{kind}: {openai_duration(reset_s)}\r\n"
-    ).encode()
+    """OpenAI's three ``x-ratelimit-*`` headers of one kind (``tokens`` or ``requests``)."""
+    return [
+        (f"x-ratelimit-limit-{kind}".encode(), b"%d" % limit),
+        (f"x-ratelimit-remaining-{kind}".encode(), b"%d" % max(0, remaining)),
+        (f"x-ratelimit-reset-{kind}".encode(), openai_duration(reset_s).encode()),
+    ]
 
 
 def _headers(figures: Iterable[tuple[_Limit, int]], now: float) -> RateHeaders:
@@ -209,10 +207,11 @@ def _headers(figures: Iterable[tuple[_Limit, int]], now: float) -> RateHeaders:
         shown = least.get(limit.kind)
         if shown is None or left < shown[1]:
             least[limit.kind] = (limit, left)
-    return b"".join(
-        rate_limit_headers(kind, limit.limit, left, limit.window.reset_in(now))
+    return [
+        header
         for kind, (limit, left) in least.items()
-    )
+        for header in rate_limit_headers(kind, limit.limit, left, limit.window.reset_in(now))
+    ]
 
 
 def _counted(window: Window, now: float, below: int) -> int:
@@ -393,13 +392,13 @@ class Budgets:
     ) -> dict[str, str]:
         """OpenAI's rate-limit headers for this tenant and key: of all their token budgets (and of all
         their request budgets) the one with the least room left. Empty without budgets."""
-        lines = self.header_lines(tenant, key_id, now, key_budgets).decode()
-        return dict(text.split(": ", 1) for text in lines.split("\r\n") if text)
+        pairs = self.header_lines(tenant, key_id, now, key_budgets)
+        return {name.decode(): value.decode() for name, value in pairs}
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, key_budgets: BudgetSettings | None = None
     ) -> RateHeaders:
-        """The same headers, rendered (``proxy.asgi.head``)."""
+        """The same headers, as an answer carries them (ASGI header pairs)."""
         with self._lock:
             limits = self._plan(tenant, key_id, key_budgets).limits
             return _headers(((limit, self._left(limit, now)) for limit in limits), now)

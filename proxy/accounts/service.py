@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from proxy.accounts.budgets import Budgets, Refusal, Ticket
+from proxy.accounts.budgets import Budgets, RateHeaders, Refusal, Ticket
 from proxy.accounts.engines import open_configured_store
 from proxy.accounts.keyview import POLL_S, AccountKey, KeyView
 from proxy.accounts.ledger import Ledger, LedgerStats
@@ -112,8 +112,8 @@ class Accounts:
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> bytes:
-        """``headers`` as an answer carries them: rendered lines (``proxy.asgi.head``)."""
+    ) -> RateHeaders:
+        """``headers`` as an answer carries them: ASGI header pairs."""
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
     def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
@@ -167,7 +167,7 @@ class MemoryBudgets:
 
     def header_lines(
         self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> bytes:
+    ) -> RateHeaders:
         return self.budgets.header_lines(tenant, key_id, now, key_budgets)
 
     def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:

@@ -6,8 +6,6 @@ under ``SCOPE_KEY``; every endpoint reads and fills it from there.
 
 from __future__ import annotations
 
-from starlette.types import Send
-
 SCOPE_KEY = "llamagate.ctx"
 
 
@@ -24,8 +22,6 @@ class RequestContext:
         "model",
         "outcome",
         "queue_wait_s",
-        "raw_send",
-        "reason",
         "request_id",
         "response_started",
         "route",
@@ -52,18 +48,13 @@ class RequestContext:
         self.status = 0
         self.response_started = False
         self.outcome = "ok"
-        self.reason: str | None = None
         self.queue_wait_s: float | None = None
         self.ttft_s: float | None = None
         self.tpot_s: float | None = None
         self.tokens = 0
-        # The server's own ``send``: after the response has started, the stream relay writes body chunks
-        # with it directly (one call less per SSE event; the start, which needs the id header, went
-        # through the wrapper).
-        self.raw_send: Send | None = None
-        # Header lines every answer to this request carries, errors included, beside X-Request-ID: a
-        # budgeted caller's rate-limit headers (``proxy.routes.charge``), rendered (``proxy.asgi.head``).
-        self.extra_headers = b""
+        # Headers every answer to this request carries, errors included, beside X-Request-ID: a
+        # budgeted caller's rate-limit headers (``proxy.admission.pipeline``), as ASGI header pairs.
+        self.extra_headers: list[tuple[bytes, bytes]] = []
         # 1, or 2 once the request was run again on the next child because its child died before any
         # byte of the answer reached the client (``proxy.routes.replay``). What the request record says
         # of its answer (tokens, time per token, outcome; the usage the ledger charges) is the final

@@ -1,8 +1,8 @@
 """The uvicorn protocol of the front door: uvicorn's ``HttpToolsProtocol`` plus the head limits, the head
 and idle deadlines and the connection cap (see ``proxy.listener.guard`` for why, and for the
-``FrontDoor`` it reports to, seen here only as the small ``DoorState``), and the offer of rendered
-header lines (``proxy.listener.head``). Every refusal answers with a status line (unless an answer is
-still being written) and closes the connection: after a broken head the byte stream cannot be trusted.
+``FrontDoor`` it reports to, seen here only as the small ``DoorState``). Every refusal answers with a
+status line (unless an answer is still being written) and closes the connection: after a broken head
+the byte stream cannot be trusted.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from proxy.listener.head import offer
 from proxy.listener.refusals import refusal
 from proxy.settings import DoorSettings
 
@@ -105,7 +104,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # --- parser callbacks --------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        offer(self.scope)  # type: ignore[arg-type]  # rendered header lines: ``proxy.listener.head``
         self._header_count = 0
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_timeout)

@@ -2,8 +2,7 @@
 
 Pure ASGI (a ``BaseHTTPMiddleware`` would buffer streams). It is the one boundary where ``ProxyError``
 becomes an OpenAI-shaped JSON answer, where every response, errors included, gets ``X-Request-ID``
-(and the request's ``extra_headers``: a budgeted caller's rate-limit headers, rendered lines written
-into the head where the server offers it, ``proxy.asgi.head``), and where the one
+(and the request's ``extra_headers``: a budgeted caller's rate-limit headers), and where the one
 access-log line per request is written.
 
 The access log holds ids, names, numbers and outcomes only: never a header value, a body, a prompt, a
@@ -22,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientGone
-from proxy.asgi.head import as_headers, lines_writer
 from proxy.asgi.responses import error_message
 from proxy.errors import ProxyError
 
@@ -62,21 +60,13 @@ class RequestContextMiddleware:
         client = scope.get("client")
         ctx.client_host = client[0] if client else None
         scope[SCOPE_KEY] = ctx
-        ctx.raw_send = send
         id_header = (b"x-request-id", ctx.request_id.encode())
-        send_lines = lines_writer(scope)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 ctx.status = message["status"]
                 ctx.response_started = True
-                headers = [*message.get("headers", ()), id_header]
-                extra = ctx.extra_headers
-                if extra:
-                    if send_lines is not None:  # written into the head as they are (``proxy.asgi.head``)
-                        await send_lines(send, {**message, "headers": headers}, extra)
-                        return
-                    headers += as_headers(extra)
+                headers = [*message.get("headers", ()), id_header, *ctx.extra_headers]
                 message = {**message, "headers": headers}
             await send(message)
 

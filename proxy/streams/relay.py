@@ -136,10 +136,9 @@ class Relay:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _begin(self) -> Send:
-        """Start the client's stream; the body then goes straight to the server (the start, which needs
-        the request id header, goes through the wrapper)."""
+        """Start the client's stream."""
         await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        return self.ctx.raw_send or self.send
+        return self.send
 
     async def whole(self, response: UpstreamResponse, hide: bool, limit: int) -> None:
         """The child's whole answer (at most ``limit`` bytes), in the route's error shape when it failed."""
