@@ -16,7 +16,7 @@ counters and the model router.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -86,11 +86,10 @@ class _Dispatch:
                 return found
         return None
 
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # Not a coroutine of its own: the caller awaits the endpoint's (one frame fewer to resume at
-        # every chunk of a stream); an unknown path or method raises in the caller's ``try``.
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return self._fallback(scope, receive, send)  # lifespan
+            await self._fallback(scope, receive, send)  # lifespan
+            return
         entry = self._match(scope)
         if entry is None:
             raise NotFound(f"Invalid URL ({scope['method']} {scope['path'][:200]})")
@@ -102,7 +101,7 @@ class _Dispatch:
             raise MethodNotAllowed(
                 f"method {scope['method']} is not allowed on {scope['path']}", headers={"allow": allow}
             )
-        return endpoint(scope, receive, send)
+        await endpoint(scope, receive, send)
 
 
 class ProxyApp(Starlette):

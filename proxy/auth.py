@@ -78,7 +78,7 @@ class KeyTable:
 
     def __init__(self, keys: Iterable[KeyEntry], anonymous_tenant: str | None = None) -> None:
         self._by_id: dict[str, KeyEntry] = {k.key_id: k for k in keys}
-        # Made once per key, not per request (a frozen dataclass is slow to build).
+        # One per key: every request of a key is the same principal.
         self._principals = {k.key_id: Principal(k.tenant, k.key_id, k.scopes) for k in self._by_id.values()}
         self._anonymous = (
             Principal(anonymous_tenant, "anonymous", frozenset({"inference"})) if anonymous_tenant else None

@@ -14,7 +14,7 @@ with credentials.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,16 +29,16 @@ class CorsMiddleware:
         self._settings = settings  # read per request: a reload (SIGHUP) applies at once
         self._paths = paths
 
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # Not a coroutine of its own without CORS: the inner app's is what the server awaits (one frame
-        # fewer to resume at every chunk of a stream).
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         cors = self._settings()
         origin = _header(scope, b"origin") if cors.allowed_origins else None
         if origin is None or not _allowed(cors, origin):
-            return self.app(scope, receive, send)
-        return self._with_cors(scope, receive, send, cors, origin)
+            await self.app(scope, receive, send)
+            return
+        await self._with_cors(scope, receive, send, cors, origin)
 
     async def _with_cors(
         self, scope: Scope, receive: Receive, send: Send, cors: CorsSettings, origin: bytes

@@ -132,7 +132,7 @@ class ModelRouter:
         meanwhile ends its wait (``ClientGone``); the load itself goes on for whoever asks next. The body
         must have been read (``ClientWatch``)."""
         if not lane.on_demand:
-            return  # on the path of every request: no protocol check (slow in ``typing``), no watch task
+            return  # loaded for as long as it is served: nothing to wait for
         source = lane.entry.source
         if isinstance(source, LoadsOnDemand):
             async with ClientWatch(receive):

@@ -49,13 +49,11 @@ class Guarded:
         self.access: Access = spec.access
         self.endpoint = endpoint
 
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # Not a coroutine of its own: the endpoint's is what the caller awaits, so a streamed answer's
-        # every chunk resumes one frame fewer (a refusal still raises in the caller's ``try``).
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
         ctx.route = self.path  # the row's path: a bounded label, even when the caller is refused
         who = self.state.authorize(ctx, self.access)
-        return self.endpoint(scope, receive, send, who)
+        await self.endpoint(scope, receive, send, who)
 
 
 def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:

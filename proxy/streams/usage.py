@@ -84,13 +84,9 @@ Reader = Callable[[dict[str, Any], Usage], None]
 def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
     u = obj.get("usage")
     if isinstance(u, dict):
-        # ``_int`` written out: this runs once per request (a whole or assembled answer's usage).
-        prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
-        details = u.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        usage.prompt += prompt if type(prompt) is int and prompt > 0 else 0
-        usage.completion += completion if type(completion) is int and completion > 0 else 0
-        usage.cached += cached if type(cached) is int and cached > 0 else 0
+        usage.prompt += _int(u.get("prompt_tokens"))
+        usage.completion += _int(u.get("completion_tokens"))
+        usage.cached += _int(_dict(u.get("prompt_tokens_details")).get("cached_tokens"))
         usage.reported = True
         return
     timings = obj.get("timings")
@@ -263,9 +259,9 @@ class UsageTap:
 
     def answered(self, answer: dict[str, Any]) -> None:
         """The answer the proxy assembled from the child's stream: its usage is what the client gets."""
-        usage = self.usage = Usage()  # a new attempt's answer: only it counts (``start``, written out)
+        self.start()  # a new attempt's answer: only it counts
         self._answered = True
-        self.fmt.whole(answer, usage)
+        self.fmt.whole(answer, self.usage)
 
     def result(self, reports: Sequence[bytes] = ()) -> Usage:
         """What the answer reported; for a stream, read from ``reports`` (its meter's report chunks;
