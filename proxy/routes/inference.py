@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -54,7 +55,14 @@ from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
-from proxy.errors import BadRequest, ContextTooLarge, NotFound, UpstreamFailure, UpstreamTimeout
+from proxy.errors import (
+    BadRequest,
+    ContextTooLarge,
+    NotFound,
+    ProxyError,
+    UpstreamFailure,
+    UpstreamTimeout,
+)
 from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
 from proxy.routes.replay import Replay, replay_reason
@@ -201,7 +209,14 @@ class Inference:
             rewrite = True
         req.raw = body.dump(payload) if rewrite else raw
         req.plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
-        req.account = open_account(state, ctx, req.who, lane.name, self.spec.kind)
+        req.account = open_account(
+            state,
+            ctx,
+            req.who,
+            lane.name,
+            self.spec.kind,
+            partial(self._prompt_for_charge, lane, payload, ctx),
+        )
         ask = Ask(
             tenant,
             req.who.key_id,
@@ -227,9 +242,11 @@ class Inference:
             state.inflight.add(req.entry)
             try:
                 check = check_prompt if prompt_payload is not None else None
-                async with state.admission.admit(ask, ctx, lane.admission, check) as grant:
-                    with req.account.charging(grant):
-                        await self._attempts(req, grant)
+                async with (
+                    state.admission.admit(ask, ctx, lane.admission, check) as grant,
+                    req.account.charging(grant),
+                ):
+                    await self._attempts(req, grant)
             finally:
                 state.inflight.remove(req.entry)
 
@@ -342,6 +359,22 @@ class Inference:
                 raise
             await relay.end_with(cancelled)
 
+    async def _prompt_for_charge(
+        self, lane: Lane, payload: dict[str, Any], ctx: RequestContext
+    ) -> tuple[int, str]:
+        """The prompt's tokens of a request the child never reported (``proxy.routes.charge``): counted
+        by a READY child of its model within a few seconds, else estimated from the prompt's bytes."""
+        try:
+            async with asyncio.timeout(_CHARGE_COUNT_S):
+                counted = await count_prompt_tokens(
+                    self.state, lane.ready_snapshot(), self.route, payload, ctx.request_id
+                )
+        except (ProxyError, TimeoutError):
+            counted = None
+        if counted is not None:
+            return counted, "counted"
+        return estimate_prompt_tokens(payload), "estimated"
+
     async def _check_prompt_size(
         self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
     ) -> None:
@@ -349,6 +382,30 @@ class Inference:
         # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
         if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+
+# How long the charge of a request cut short waits for the child to count its prompt.
+_CHARGE_COUNT_S = 5.0
+# Where a request's prompt text is, by dialect: chat messages, completions' prompt, embeddings' input,
+# Anthropic's system, Responses' instructions and input.
+_PROMPT_FIELDS = ("messages", "prompt", "input", "content", "system", "instructions", "suffix", "input_extra")
+
+
+def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
+    """A prompt's tokens without a tokenizer: a quarter of its text's UTF-8 bytes (the usual rule of thumb
+    for byte-pair tokenizers on English), at least 1."""
+    size = sum(_text_bytes(payload.get(name)) for name in _PROMPT_FIELDS)
+    return max(1, -(-size // 4))
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_text_bytes(v) for v in value.values())
+    return 0
 
 
 # The child's own counter for a templated request: its chat template, not ours.

@@ -6,7 +6,6 @@ rate-limit headers, the usage each answer is charged, and the admin routes."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import threading
 import time
@@ -167,12 +166,10 @@ async def test_a_non_streamed_answer_is_charged_exactly_its_usage(served: Served
         assert rec.request_id == r.headers["x-request-id"] and rec.duration_s > 0
 
 
-async def test_the_row_a_request_queues_for_the_ledger_is_no_work_for_the_garbage_collector(
+async def test_the_row_a_request_queues_for_the_ledger_names_its_columns(
     proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
-    """Up to a second of rows waits in the ledger's queue. A plain tuple of strings and numbers is
-    untracked by the collector's first pass; a named tuple never is, and every young collection would
-    walk (and promote) each waiting row."""
+    """The request path queues a ``LedgerRow`` (``UsageRecord``): the ledger table's columns by name."""
     configured = tenants()
     accounts = Accounts(open_store(tmp_path / "llamagate.db"), configured, interval_s=3600.0)
     accounts.start()  # the writer waits for a full batch or an hour: the row stays queued
@@ -181,9 +178,14 @@ async def test_the_row_a_request_queues_for_the_ledger_is_no_work_for_the_garbag
             r = await c.post("/v1/chat/completions", json=CHAT)
             assert r.status_code == 200
             (row,) = accounts.ledger.take()[0]
-            gc.collect()
-            assert not gc.is_tracked(row)
-            assert row[:4] == ("ops", p.entries["admin"].key_id, "gemma-3-270m", "chat")
+            assert isinstance(row, UsageRecord)
+            assert (row.tenant, row.key_id, row.model, row.kind) == (
+                "ops",
+                p.entries["admin"].key_id,
+                "gemma-3-270m",
+                "chat",
+            )
+            assert row.request_id == r.headers["x-request-id"]
     finally:
         accounts.close()
 
@@ -235,7 +237,9 @@ async def test_a_client_that_leaves_a_stream_is_charged_what_was_generated_until
         await eventually(lambda: (s := accounts.stats()).pending + s.written > 0, 5.0)
         (rec,) = records(accounts)
         assert 4 <= rec.completion_tokens < 500  # the role chunk carries no token; the meter counts the rest
-        assert rec.prompt_tokens == 0  # never reported: the child stopped before its last chunk
+        # Never reported (the child stopped before its last chunk): counted again by the child's own
+        # counter (the fake's: words + 8), not left at 0 (issue 39: a prefill made free by hanging up).
+        assert rec.prompt_tokens == 9
 
 
 async def test_an_admitted_request_that_never_reaches_the_child_is_not_a_ledger_row(served: Served) -> None:
@@ -508,3 +512,69 @@ async def test_a_database_gone_away_is_503_for_admin_changes_and_comes_back_with
     finally:
         await asyncio.to_thread(database, True)
         accounts.close()
+
+
+# --- every stream charged its prompt; a dead child's tokens charged to nobody (issue 39) ----------------
+
+
+async def test_streams_closed_at_their_first_token_are_charged_their_prompt_and_spend_the_budget(
+    served: Served,
+) -> None:
+    """The evasion an outside attack run found: streams without ``include_usage``, each closed at its
+    first content token, were charged their few completion tokens and no prompt, so a tenant with a
+    token budget could have the child prefill without limit. Each is now charged its prompt, counted
+    by the child's own counter (the fake's: words + 8), and once the budget is spent the next is 429."""
+    fake = FakeLlama(secret=SECRET, tokens=4)
+    words = " ".join(["word"] * 481)  # 489 prompt tokens by the fake's count
+    prompt = 481 + 8
+    body = {"messages": [{"role": "user", "content": words}], "max_tokens": 500, "stream": True}
+    async with served(fake, tokens_per_minute=1500) as (p, accounts), p.client() as c:
+        statuses = []
+        for _ in range(9):
+            async with c.stream(
+                "POST", "/v1/chat/completions", json={**body, "fake_token_interval_ms": 50}
+            ) as r:
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and '"content":"tok' in line:
+                            break  # the first content token: hang up
+            # The proxy notices the client left and charges the request before the next one.
+            admitted = statuses.count(200)
+            await eventually(lambda: len(records(accounts)) == admitted, 5.0)  # noqa: B023
+        rows = records(accounts)
+    assert rows and all(row.prompt_tokens == prompt for row in rows)
+    assert all(1 <= row.completion_tokens < 500 for row in rows)
+    # 1500 tokens a minute: three prompts fit with their completions, the fourth overshoots (the bound's
+    # one request), and every later one is refused.
+    assert statuses[:4] == [200] * 4 and 429 in statuses[4:], statuses
+    assert sum(row.prompt_tokens + row.completion_tokens for row in rows) <= 1500 + prompt + 500
+
+
+async def test_a_request_whose_replay_dies_too_is_charged_nothing_and_its_row_says_so(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its child was killed before any byte reached the client, and the next child too: the client got a
+    502 and no token; the ledger row says the same zeros as the access log, and the budget is not spent."""
+    import logging
+
+    from tests.unit.proxy.routes.test_replay import DEAD, access, dies, next_child, waiting
+
+    caplog.set_level(logging.INFO, logger="llamagate.access")
+    async with served(tokens_per_minute=100_000) as (p, accounts), p.client() as c:
+        dies(p, at_token=2)
+        task = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 30}))
+        await eventually(waiting(p), 10.0)
+        async with next_child(p) as second:
+            second.die_at_token = 5
+            second.on_death = lambda: p.source.update(reason="exited: killed by SIGKILL", **DEAD)
+            r = await asyncio.wait_for(task, 10.0)
+            assert second.deaths == 1
+        assert r.status_code == 502, r.text
+        await eventually(lambda: len(records(accounts)) == 1, 5.0)
+        (row,) = records(accounts)
+        remaining = accounts.budgets.used("tenant", "team", "tokens_per_minute", time.time())
+    (line,) = access(caplog)
+    assert line["status"] == 502 and line["replayed"] == 1 and line["tokens"] == 0
+    assert (row.status, row.prompt_tokens, row.completion_tokens) == (502, 0, 0)
+    assert remaining == 0
