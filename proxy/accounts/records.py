@@ -40,19 +40,11 @@ class KeyRecord:
         return "active"
 
 
-# One finished request's ledger row as the request path makes it and the writer writes it: the columns
-# of ``UsageRecord`` in order, as a plain tuple. Not the named tuple itself: the collector stops
-# tracking a plain tuple of strings and numbers at its first pass, but never a named tuple's instance
-# (CPython untracks exact tuples only), and up to a second's rows wait in the ledger's queue, so as
-# named tuples they were walked by every young collection and promoted towards the full ones.
-LedgerRow = tuple[str, str, str, str, int, int, int, int, float, float, str]
-
-
 class UsageRecord(NamedTuple):
     """What one finished request used, as the child reported it (a stream: its final usage; a client
     that left: what was generated until it stopped). ``at`` is when it finished. Its fields are the
-    ledger table's columns in order: a ``LedgerRow`` with names (what the readers hand back; the store
-    writes either as it is)."""
+    ledger table's columns in order: the request path hands one to the ledger (``LedgerRow``), the
+    writer writes it as it is, the readers hand them back."""
 
     tenant: str
     key_id: str
@@ -65,6 +57,10 @@ class UsageRecord(NamedTuple):
     duration_s: float
     at: float
     request_id: str = ""
+
+
+# One finished request's row of the usage ledger, as the request path makes it.
+LedgerRow = UsageRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,16 @@
 """``Accounts``: the store, its key view, the budgets, the ledger and the writer, started and stopped
 together. This is what the daemon builds (one per process, from ``ProxySettings.store``) and what the
-request path calls; each method says on which thread it may run.
+request path uses; each method says on which thread it may run.
 
 Request path (event loop, never blocks on the disk):
-    key = accounts.authenticate(token, now)            # AccountKey | None; records the key's last use
-    got = accounts.admit(tenant, key_id, now, key_budgets=..., reserve=...)   # Ticket | Refusal
-    headers = accounts.headers(tenant, key_id, now, key_budgets=...)
-    accounts.finish(ticket, row)                        # after the answer: its LedgerRow (the child's usage)
+    who = accounts.find_principal(key_id, token)   # a key made at run time (``proxy.auth.KeyTable``)
+    accounts.budgets                               # the admission pipeline's budget step
+                                                   # (``proxy.admission.budgets``: admit, charge, release)
+    accounts.record(row)                           # after the answer: its LedgerRow (the child's usage)
 Daemon life (any thread; ``flush`` blocks, so from the loop: ``await asyncio.to_thread(...)``):
     Accounts.open(settings.store, settings.tenants) -> start() -> ... flush(timeout) -> close()
+
+Without a store, tenants' budgets are a ``Budgets`` of their own, in memory (``proxy.state``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from proxy.accounts.budgets import Budgets, RateHeaders, Refusal, Ticket
+from proxy.accounts.budgets import Budgets
 from proxy.accounts.engines import open_configured_store
-from proxy.accounts.keyview import POLL_S, AccountKey, KeyView
+from proxy.accounts.keyview import POLL_S, KeyView
 from proxy.accounts.ledger import Ledger, LedgerStats
 from proxy.accounts.records import LedgerRow
 from proxy.accounts.store import Store
@@ -71,22 +73,11 @@ class Accounts:
         self.view.start()
         self.writer.start()
 
-    def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
-        """A reload (SIGHUP): new tenant budgets; windows and their counts stay."""
-        self.budgets.configure(tenant_budgets(tenants))
-
     # -- request path -------------------------------------------------------------------------------
 
-    def authenticate(self, token: str, now: float) -> AccountKey | None:
-        key = self.view.authenticate(token, now)
-        if key is not None:
-            self.view.touch(key.key_id, now)
-        return key
-
     def find_principal(self, key_id: str, token: str) -> Principal | None:
-        """``authenticate`` for a token whose shape (and id) the caller has checked already: who it is
-        (``proxy.auth.KeyTable``'s lookup of a key the config does not hold); None when revoked, expired
-        or unknown."""
+        """Who a token is, its shape (and id) checked by the caller (``proxy.auth.KeyTable``'s lookup of a
+        key the config does not hold); None when revoked, expired or unknown. Records the key's use."""
         now = time.time()
         key = self.view.find(key_id, key_digest(token), now)
         if key is None:
@@ -94,32 +85,8 @@ class Accounts:
         self.view.touch(key_id, now)
         return key.principal
 
-    def admit(
-        self,
-        tenant: str,
-        key_id: str,
-        now: float,
-        *,
-        key_budgets: BudgetSettings | None = None,
-        reserve: int | None = None,
-    ) -> Ticket | Refusal:
-        return self.budgets.check(tenant, key_id, now, key_budgets=key_budgets, reserve=reserve)
-
-    def headers(
-        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> dict[str, str]:
-        return self.budgets.headers(tenant, key_id, now, key_budgets=key_budgets)
-
-    def header_lines(
-        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> RateHeaders:
-        """``headers`` as an answer carries them: ASGI header pairs."""
-        return self.budgets.header_lines(tenant, key_id, now, key_budgets)
-
-    def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
-        """Charge a finished request: its budgets (prompt plus completion tokens) and the ledger."""
-        if ticket is not None:
-            self.budgets.charge(ticket, row[4] + row[6], row[9])  # prompt + completion, at
+    def record(self, row: LedgerRow) -> None:
+        """A finished request's row, queued for the ledger (an append: never a disk write)."""
         self.ledger.charge(row)
 
     def stats(self) -> LedgerStats:
@@ -141,38 +108,6 @@ class Accounts:
         flushed = self.writer.flush(timeout_s)
         self.store.close()
         return flushed
-
-
-class MemoryBudgets:
-    """Budgets without a store (``tenants[].budgets`` and no ``store:``): the same admission, headers and
-    charges as ``Accounts`` offers the request path, windows in memory only (they start empty at each
-    start), no ledger, no store keys."""
-
-    def __init__(self, tenants: Iterable[TenantSettings] = ()) -> None:
-        self.budgets = Budgets(tenant_budgets(tenants))
-
-    def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
-        self.budgets.configure(tenant_budgets(tenants))
-
-    def admit(
-        self,
-        tenant: str,
-        key_id: str,
-        now: float,
-        *,
-        key_budgets: BudgetSettings | None = None,
-        reserve: int | None = None,
-    ) -> Ticket | Refusal:
-        return self.budgets.check(tenant, key_id, now, key_budgets=key_budgets, reserve=reserve)
-
-    def header_lines(
-        self, tenant: str, key_id: str, now: float, *, key_budgets: BudgetSettings | None = None
-    ) -> RateHeaders:
-        return self.budgets.header_lines(tenant, key_id, now, key_budgets)
-
-    def finish(self, ticket: Ticket | None, row: LedgerRow) -> None:
-        if ticket is not None:
-            self.budgets.charge(ticket, row[4] + row[6], row[9])  # prompt + completion, at
 
 
 def has_budgets(tenants: Iterable[TenantSettings]) -> bool:

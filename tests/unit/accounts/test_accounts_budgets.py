@@ -389,10 +389,12 @@ def test_windows_survive_a_restart_through_the_store(store_path: Path) -> None:
 
     for i in range(1, 9):  # 8 answers of 25 tokens (15 prompt + 10 completion), one a second
         now[0] = T0 + i
-        got = first.admit("t", "k", now[0])
+        got = first.budgets.check("t", "k", now[0])
         assert isinstance(got, Ticket)
-        first.finish(got, record(5, tenant="t", at=now[0]))
-    assert isinstance(first.admit("t", "k", now[0]), Refusal)
+        row = record(5, tenant="t", at=now[0])
+        first.budgets.charge(got, row.prompt_tokens + row.completion_tokens, row.at)
+        first.record(row)
+    assert isinstance(first.budgets.check("t", "k", now[0]), Refusal)
     assert first.close()  # the drain writes the windows with the last batch
 
     now[0] = T0 + 20
@@ -402,10 +404,10 @@ def test_windows_survive_a_restart_through_the_store(store_path: Path) -> None:
         assert second.budgets.used("tenant", "t", "tokens_per_minute", now[0]) == 200
         assert second.budgets.used("key", "k", "tokens_per_minute", now[0]) == 200
         assert second.budgets.used("tenant", "t", "requests_per_minute", now[0]) == 8
-        refused = second.admit("t", "k", now[0])
+        refused = second.budgets.check("t", "k", now[0])
         assert isinstance(refused, Refusal) and refused.used == 200
         assert refused.retry_after_s == pytest.approx(41.0)  # the charge at T0 + 1 leaves at T0 + 61
-        assert isinstance(second.admit("t", "k", T0 + 61), Ticket)
+        assert isinstance(second.budgets.check("t", "k", T0 + 61), Ticket)
     finally:
         second.close()
 

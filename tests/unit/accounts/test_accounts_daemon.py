@@ -40,9 +40,11 @@ def daemon(path: Path) -> Daemon:
 def spend(d: Daemon, tokens: int) -> None:
     accounts = d.accounts.accounts
     assert accounts is not None
-    ticket = accounts.admit("default", "k", time.time())
+    now = time.time()
+    ticket = accounts.budgets.check("default", "k", now)
     assert isinstance(ticket, Ticket)
-    accounts.finish(ticket, UsageRecord("default", "k", "m", "chat", tokens, 0, 0, 200, 0.1, time.time()))
+    accounts.budgets.charge(ticket, tokens, now)
+    accounts.record(UsageRecord("default", "k", "m", "chat", tokens, 0, 0, 200, 0.1, now))
 
 
 async def test_sighup_swaps_budgets_keeping_the_counts_and_keeps_the_store_until_restart(
@@ -56,7 +58,7 @@ async def test_sighup_swaps_budgets_keeping_the_counts_and_keeps_the_store_until
         accounts = d.accounts.accounts
         assert accounts is not None and accounts.store.where == str(tmp_path / "a.db")
         spend(d, 60)
-        assert isinstance(accounts.admit("default", "k", time.time()), Ticket)  # 60 of 100: room
+        assert isinstance(accounts.budgets.check("default", "k", time.time()), Ticket)  # 60 of 100: room
 
         write(path, "b.db", 50)
         with caplog.at_level(logging.WARNING, logger="llamagate.daemon"):
@@ -65,7 +67,7 @@ async def test_sighup_swaps_budgets_keeping_the_counts_and_keeps_the_store_until
         assert d.cfg.store is not None and str(d.cfg.store.path).endswith("a.db")
         assert d.accounts.accounts is accounts and not (tmp_path / "b.db").exists()
         # The new limit applies at once, to the usage counted before it.
-        refused = accounts.admit("default", "k", time.time())
+        refused = accounts.budgets.check("default", "k", time.time())
         assert isinstance(refused, Refusal) and refused.limit == 50
     finally:
         await d._close()

@@ -158,7 +158,7 @@ def test_what_was_charged_survives_close_and_reopen(store_path: Path) -> None:
     accounts = Accounts(open_store(store_path, daemon=True), interval_s=3600)
     accounts.start()
     for i in range(250):
-        accounts.finish(None, record(i))
+        accounts.record(record(i))
     assert accounts.close()  # the drain: everything pending is written before the store closes
     reopened = open_store(store_path)
     try:
