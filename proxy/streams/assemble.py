@@ -15,6 +15,11 @@ The answer is the one llama-server itself builds for ``stream: false`` (tools/se
 - completions: ``text``, ``logprobs`` (null when none), ``finish_reason``.
 - ``usage`` is the sum over the request's sequences (llama-server's own non-streamed answer for ``n`` > 1
   or a prompt array reports only the first sequence's); ``timings`` is the first sequence's.
+- ``__verbose`` (a child started verbose: its debugging copy of the result in llama-server's own
+  format) is the first finished sequence's, as the stream's final chunk carries it
+  (``to_json_oaicompat_chat_stream``: the final result's ``to_json_non_oaicompat``, ``"stop": true``),
+  which is what the child's non-streamed answer carries. It goes through the same privacy rule as the
+  rest of the answer (``proxy.streams.privacy``).
 Differences that remain: with a stop word, the non-streamed answer drops the stop word's token
 probabilities, the streamed one does not.
 
@@ -70,6 +75,7 @@ class Assembler:
         self._choices: dict[int, _Choice] = {}
         self._usage: dict[str, Any] | None = None
         self._timings: dict[str, Any] | None = None
+        self._verbose: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
@@ -110,8 +116,17 @@ class Assembler:
         timings = obj.get("timings")
         if isinstance(timings, dict) and self._timings is None:
             self._timings = timings
+        verbose = obj.get("__verbose")
+        if isinstance(verbose, dict):
+            self._keep_verbose(verbose)
         for raw in obj.get("choices") or ():
             self._choice(raw)
+
+    def _keep_verbose(self, verbose: dict[str, Any]) -> None:
+        """The first finished sequence's (``stop``), else the latest partial one's."""
+        kept = self._verbose
+        if kept is None or not kept.get("stop"):
+            self._verbose = verbose
 
     def _add_usage(self, usage: dict[str, Any]) -> None:
         if self._usage is None:
@@ -185,6 +200,8 @@ class Assembler:
             out["usage"] = self._usage
         if "id" in self._head:
             out["id"] = self._head["id"]
+        if self._verbose is not None:
+            out["__verbose"] = self._verbose
         if self._timings is not None:
             out["timings"] = self._timings
         return 200, out

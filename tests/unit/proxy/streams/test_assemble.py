@@ -108,3 +108,35 @@ def test_bounds_and_broken_streams() -> None:
         Assembler("chat", 100).answer()
     with pytest.raises(UpstreamFailure, match="not JSON"):
         Assembler("chat", 100).feed(b"data: {oops\n\n")
+
+
+def test_a_verbose_childs_debugging_copy_is_kept_as_its_own_answer_has_it() -> None:
+    """llama-server started verbose puts ``__verbose`` on its non-streamed answer; streamed, partial chunks
+    may carry one each and the final chunk the final result's (``"stop": true``): that one is kept (the
+    llama.cpp server test ``test_verbose_debug`` through llamagate)."""
+    a = Assembler("completion", 1 << 20)
+    partial = {"content": "Once", "stop": False, "tokens_predicted": 1}
+    final = {"content": "Once upon", "stop": True, "tokens_predicted": 2, "tokens_evaluated": 3}
+    a.feed(
+        ev(
+            {
+                "choices": [{"text": "Once", "index": 0, "finish_reason": None}],
+                "id": "c",
+                "__verbose": partial,
+            }
+        )
+    )
+    a.feed(
+        ev(
+            {
+                "choices": [{"text": " upon", "index": 0, "finish_reason": "length"}],
+                "id": "c",
+                "__verbose": final,
+            }
+        )
+    )
+    _, answer = a.answer()
+    assert answer["__verbose"] == final
+    plain = Assembler("completion", 1 << 20)
+    plain.feed(ev({"choices": [{"text": "x", "index": 0, "finish_reason": "length"}], "id": "c"}))
+    assert "__verbose" not in plain.answer()[1]
