@@ -9,7 +9,7 @@ their refusals are in Anthropic's shape.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from starlette.routing import Route
@@ -27,7 +27,7 @@ from proxy.routes.passthrough import Counting, Passthrough, Props
 from proxy.routes.probes import Health, Healthz, Readyz
 from proxy.routes.requests import AdminRequests, CancelRequest
 from proxy.routes.store_admin import AdminKey, AdminKeys, AdminUsage
-from proxy.routes.table import REFUSED, ROUTES, RouteSpec
+from proxy.routes.table import REFUSED, ROUTES, Kind, RouteSpec
 from proxy.state import ProxyState
 
 
@@ -56,49 +56,36 @@ class Guarded:
         await self.endpoint(scope, receive, send, who)
 
 
+# What serves a row of each kind, made once per row when the app is built. Generation rows
+# (``spec.admission``) are not here: they all go through ``Inference``.
+Factory = Callable[[ProxyState, RouteSpec], Endpoint]
+ENDPOINTS: dict[Kind, Factory] = {
+    "count": lambda state, spec: Counting(state, spec.path),
+    "models": lambda state, spec: ModelsRoute(state),
+    "props": lambda state, spec: Props(state, spec.path),
+    "health": lambda state, spec: Health(state),
+    "liveness": lambda state, spec: Healthz(),
+    "readiness": lambda state, spec: Readyz(state),
+    "metrics": lambda state, spec: Metrics(state),
+    "identity": lambda state, spec: Identity(state),
+    "load": lambda state, spec: AdminLoad(state),
+    "history": lambda state, spec: AdminHistory(state),
+    "admin_models": lambda state, spec: AdminModels(state),
+    "model_load": lambda state, spec: LoadModel(state),
+    "model_unload": lambda state, spec: UnloadModel(state),
+    "requests": lambda state, spec: AdminRequests(state),
+    "request": lambda state, spec: CancelRequest(state),
+    "slots": lambda state, spec: Passthrough(state, spec.path, need_ready=False),
+    "keys": lambda state, spec: AdminKeys(state),
+    "key": lambda state, spec: AdminKey(state),
+    "usage": lambda state, spec: AdminUsage(state),
+}
+
+
 def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
-    kind = spec.kind
     if spec.admission:
         return Inference(state, spec)
-    if kind == "count":
-        return Counting(state, spec.path)
-    if kind == "models":
-        return ModelsRoute(state)
-    if kind == "props":
-        return Props(state, spec.path)
-    if kind == "health":
-        return Health(state)
-    if kind == "liveness":
-        return Healthz()
-    if kind == "readiness":
-        return Readyz(state)
-    if kind == "metrics":
-        return Metrics(state)
-    if kind == "identity":
-        return Identity(state)
-    if kind == "load":
-        return AdminLoad(state)
-    if kind == "history":
-        return AdminHistory(state)
-    if kind == "admin_models":
-        return AdminModels(state)
-    if kind == "model_load":
-        return LoadModel(state)
-    if kind == "model_unload":
-        return UnloadModel(state)
-    if kind == "requests":
-        return AdminRequests(state)
-    if kind == "request":
-        return CancelRequest(state)
-    if kind == "slots":
-        return Passthrough(state, spec.path, need_ready=False)
-    if kind == "keys":
-        return AdminKeys(state)
-    if kind == "key":
-        return AdminKey(state)
-    if kind == "usage":
-        return AdminUsage(state)
-    raise ValueError(f"no endpoint for kind {kind!r}")  # pragma: no cover - the Literal keeps it out
+    return ENDPOINTS[spec.kind](state, spec)
 
 
 class RefusedRoute:

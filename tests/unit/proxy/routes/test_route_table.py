@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from proxy.routes.build import ENDPOINTS
 from proxy.routes.table import REFUSED, ROUTES
 from proxy.streams.formats import ANTHROPIC, NATIVE, OPENAI, RESPONSES, SILENT
 
@@ -111,3 +112,9 @@ def test_the_routes_the_issue_asks_for_exist() -> None:
         "/embeddings",
         "/health",
     } <= paths
+
+
+def test_every_row_kind_has_one_endpoint_factory_and_no_factory_is_left_over() -> None:
+    """``proxy.routes.build``: generation rows go through ``Inference``; every other row's kind has its
+    entry in ``ENDPOINTS`` (a missing one would fail the app's build), and no entry outlives its rows."""
+    assert {spec.kind for spec in ROUTES if not spec.admission} == set(ENDPOINTS)
