@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from proxy.streams.openai import keep
+from proxy.streams.meter import Meter, keep
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,13 @@ class EventSpec:
     reported: re.Pattern[bytes]
 
 
-class EventMeter:
-    __slots__ = ("_markers", "_spec", "_tail", "counted", "first_at", "last_at", "reported", "reports")
+class EventMeter(Meter):
+    __slots__ = ("_markers", "_spec")
 
     def __init__(self, spec: EventSpec) -> None:
+        super().__init__()
         self._spec = spec
         self._markers = tuple(b"event: " + name + b"\n" for name in spec.delta_events)
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-        self.counted = 0
-        self.reported: int | None = None
-        # The chunks that carried the child's count (its usage): for the usage ledger (``StreamMeter``).
-        self.reports: list[bytes] = []
-        # End of the previous chunk: a count split across two reads is still found.
-        self._tail = b""
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Account for one chunk; True when it carried the first token."""
@@ -59,15 +52,7 @@ class EventMeter:
         self._tail = b"" if text.endswith(b"\n\n") else text[-256:]
         return first
 
-    def ttft_from(self, started: float) -> float | None:
-        return None if self.first_at is None else self.first_at - started
-
     @property
     def tokens(self) -> int:
+        # A reported 0 is not a count yet: Anthropic's ``message_start`` says ``"output_tokens":0``.
         return self.reported if self.reported else self.counted
-
-    def tpot(self) -> float | None:
-        n = self.tokens
-        if self.first_at is None or self.last_at is None or n < 2:
-            return None
-        return (self.last_at - self.first_at) / (n - 1)

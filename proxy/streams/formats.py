@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from proxy.errors import ProxyError
 from proxy.streams import anthropic
 from proxy.streams.events import EventMeter, EventSpec
+from proxy.streams.meter import Meter
 from proxy.streams.openai import StreamMeter, count_tokens_in_body
 from proxy.streams.usage import (
     ANTHROPIC_USAGE,
@@ -26,20 +26,6 @@ from proxy.streams.usage import (
     RESPONSES_USAGE,
     UsageFormat,
 )
-
-
-class Meter(Protocol):
-    # The chunks that carried the child's own figures (``proxy.streams.usage`` reads them).
-    reports: list[bytes]
-
-    def feed(self, chunk: bytes, now: float) -> bool: ...
-
-    def ttft_from(self, started: float) -> float | None: ...
-
-    @property
-    def tokens(self) -> int: ...
-
-    def tpot(self) -> float | None: ...
 
 
 def _openai_error_event(error: ProxyError) -> bytes:

@@ -25,25 +25,15 @@ from __future__ import annotations
 
 import re
 
+from proxy.streams.meter import Meter, keep
+
 _FIRST_TEXT = re.compile(rb'"(?:content|reasoning_content|text)":"[^"]')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _PREDICTED_N = re.compile(rb'"predicted_n":(\d+)')
-# Report chunks kept at most (oldest dropped): one per sequence of a request, or every chunk of a stream
-# with ``timings_per_token``, whose latest ones are what counts.
-MAX_REPORTS = 256
 
 
-class StreamMeter:
-    __slots__ = ("_tail", "counted", "first_at", "last_at", "reported", "reports")
-
-    def __init__(self) -> None:
-        self.first_at: float | None = None
-        self.last_at: float | None = None
-        self.counted = 0
-        self.reported: int | None = None
-        self.reports: list[bytes] = []
-        # End of the previous chunk: a usage/timings figure split across two reads is still found.
-        self._tail = b""
+class StreamMeter(Meter):
+    __slots__ = ()
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Account for one chunk; True when it carried the first token."""
@@ -68,9 +58,6 @@ class StreamMeter:
             self.last_at = now
         return first
 
-    def ttft_from(self, started: float) -> float | None:
-        return None if self.first_at is None else self.first_at - started
-
     def _find_counts(self, text: bytes) -> None:
         m = _COMPLETION_TOKENS.search(text) or _PREDICTED_N.search(text)
         if m is not None:
@@ -80,22 +67,6 @@ class StreamMeter:
             self._tail = text[-256:]
         else:
             self._tail = b""
-
-    @property
-    def tokens(self) -> int:
-        return self.reported if self.reported is not None else self.counted
-
-    def tpot(self) -> float | None:
-        n = self.tokens
-        if self.first_at is None or self.last_at is None or n < 2:
-            return None
-        return (self.last_at - self.first_at) / (n - 1)
-
-
-def keep(reports: list[bytes], chunk: bytes) -> None:
-    reports.append(chunk)
-    if len(reports) > MAX_REPORTS:
-        del reports[0]
 
 
 def count_tokens_in_body(body: bytes) -> int:

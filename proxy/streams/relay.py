@@ -26,7 +26,8 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.errors import ProxyError, UpstreamGone
 from proxy.streams import privacy
 from proxy.streams.assemble import AnswerTooLarge, Assembler, Kind
-from proxy.streams.formats import Meter, StreamFormat
+from proxy.streams.formats import StreamFormat
+from proxy.streams.meter import Meter
 from proxy.streams.usage import UsageTap
 from proxy.upstream.connection import UpstreamClosed
 from proxy.upstream.pool import UpstreamResponse
