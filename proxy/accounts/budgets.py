@@ -342,7 +342,8 @@ class Budgets:
         if reserve is not None and used + held + reserve <= limit.limit:
             return _Room(limit.limit - used - held - reserve)
         if holds.overshooter is None and used + held < limit.limit:
-            return _Room(limit.limit - used - held, overshoots=True)
+            # Its own worst case does not fit (that is why it overshoots): the headers show nothing left.
+            return _Room(0, overshoots=True)
         # Room once enough charged tokens expire, given the holds stay; holds alone, or the overshooter
         # still running: at least the in-flight guess.
         wait = window.wait_below(now, limit.limit - held)

@@ -578,3 +578,28 @@ async def test_a_request_whose_replay_dies_too_is_charged_nothing_and_its_row_sa
     assert line["status"] == 502 and line["replayed"] == 1 and line["tokens"] == 0
     assert (row.status, row.prompt_tokens, row.completion_tokens) == (502, 0, 0)
     assert remaining == 0
+
+
+async def test_the_remaining_tokens_of_an_answer_count_its_own_reserve(served: Served) -> None:
+    """docs/api.md: the headers are as admitting the request left them, its own worst case counted. A
+    request that alone holds the window (nothing spent yet) shows the limit less its reserve (one slot's
+    context, 4096 on the fake child), not the whole limit; the next one sees the first one's charge."""
+    async with served(tokens_per_minute=100_000) as (p, _), p.client() as c:
+        first = await c.post("/v1/chat/completions", json=CHAT)
+        second = await c.post("/v1/chat/completions", json=CHAT)
+    assert first.status_code == second.status_code == 200
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) == 100_000 - 4096
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == 100_000 - 4096 - (PROMPT + 4)
+
+
+async def test_a_request_admitted_as_its_windows_overshooter_shows_its_reserve_counted_too(
+    served: Served,
+) -> None:
+    """A budget smaller than one request's reserve runs one request at a time (the overshooter, which
+    holds no reserve in the window): its answer still counts its own worst case, so what it shows left is
+    0, not the whole limit (an outside run saw the full limit on such an answer)."""
+    async with served(tokens_per_minute=1500) as (p, _), p.client() as c:
+        first = await c.post("/v1/chat/completions", json=CHAT)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-tokens"] == "1500"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "0"
