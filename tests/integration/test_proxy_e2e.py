@@ -150,6 +150,15 @@ def test_documented_statuses_and_clean_logs(daemon_factory: DaemonFactory) -> No
         huge = {"model": MODEL, "prompt": "word " * 5000, "max_tokens": 1}
         r = c.post("/v1/completions", json=huge)
         assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+        # llama.cpp's own test_context_size_exceeded (and its stream twin), through the proxy: the chat
+        # that cannot fit is answered 400 with the child's figures, streamed or not (llamagate asks the
+        # child for a stream either way), not left waiting.
+        book = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+        for stream in (False, True):
+            r = c.post("/v1/chat/completions", json={"messages": book * 400, "stream": stream})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "exceed_context_size_error" and error["n_prompt_tokens"] > error["n_ctx"]
 
     client = OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0)
     with pytest.raises(NotFoundError):
