@@ -12,8 +12,9 @@ Phases (targets from issue 4, for a 2-core host):
   model   time per output token with 4 concurrent streams, proxy / direct (within 3 %), and the
           overload picture: 4 slots, 8 concurrent streams, first-token times straight vs through the gate
   accounts  the proxy's CPU per request with the accounts store on (store key, budgets, usage ledger)
-          against off (issue 24: at most 15 % more): two proxies in front of one fake, alternating rounds
-          of the closed-loop throughput run, non-streamed and streamed
+          against off (at most 30 % more, issue 38: a regression alarm, not a design target): two
+          proxies in front of one fake, alternating rounds of the closed-loop throughput run,
+          non-streamed and streamed
 
 ``--store`` runs the fake phase's proxy with the store on.
 
@@ -57,7 +58,9 @@ TARGETS = {
     "rps_c32": 800.0,
     "cpu_ms_per_event": 0.05,
     "tpot_ratio": 1.03,
-    "accounts_cpu_ratio": 1.15,
+    # A regression alarm (issue 38), not a design target: about 0.1 ms on a 0.4 ms baseline, beside
+    # answers that take seconds; no clarity is traded for a few percent of it.
+    "accounts_cpu_ratio": 1.30,
 }
 TTFT_GATE_S = 1.5
 
