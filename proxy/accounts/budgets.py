@@ -214,11 +214,12 @@ def _headers(figures: Iterable[tuple[_Limit, int]], now: float) -> RateHeaders:
     ]
 
 
-def _counted(window: Window, now: float, below: int) -> int:
-    """What admission counts in ``window``: as it stands (``EXPIRY_LAG_S``), or exactly when that count
-    is not below ``below`` (what the request needs it to be) and expired entries might make it so."""
+def _counted(window: Window, now: float, most: int) -> int:
+    """What admission counts in ``window``: as it stands (module docstring), or exactly when its expired
+    entries are ``EXPIRY_LAG_S`` overdue or the count as it stands is above ``most``, the highest count
+    at which the request fits."""
     used = window.total
-    if used >= below or now >= window.horizon + EXPIRY_LAG_S:
+    if used > most or now >= window.horizon + EXPIRY_LAG_S:
         used = window.used(now)
     return used
 
@@ -333,12 +334,13 @@ class Budgets:
         """Under the lock: one budget's answer to a request (the rules of the module docstring)."""
         window, holds, reserve = limit.window, limit.holds, ticket.reserve
         if holds is None:  # requests_per_minute
-            used = _counted(window, now, limit.limit)
+            used = _counted(window, now, most=limit.limit - 1)
             if used < limit.limit:
                 return _Room(limit.limit - used - 1)
             return limit.refusal(used, window.wait_below(now, limit.limit) or 0.0)
         held = holds.held
-        used = _counted(window, now, limit.limit - held - (reserve or 1) + 1)
+        # It fits with its reserve, or as the overshooter with one token of room.
+        used = _counted(window, now, most=limit.limit - held - (reserve or 1))
         if reserve is not None and used + held + reserve <= limit.limit:
             return _Room(limit.limit - used - held - reserve)
         if holds.overshooter is None and used + held < limit.limit:
