@@ -57,6 +57,9 @@ class UsageRecord(NamedTuple):
     duration_s: float
     at: float
     request_id: str = ""
+    # Where the prompt's figure came from (``proxy.routes.charge``): reported, counted, estimated,
+    # undelivered (nothing charged).
+    usage_source: str = "reported"
 
 
 # One finished request's row of the usage ledger, as the request path makes it.

@@ -51,9 +51,9 @@ GROUPS: dict[str, tuple[str, str]] = {
 # The order of UsageRecord's fields.
 USAGE_COLUMNS = (
     "tenant, key_id, model, kind, prompt_tokens, cached_tokens, completion_tokens, status, duration_s, at, "
-    "request_id"
+    "request_id, usage_source"
 )
-INSERT_USAGE = f"INSERT INTO usage_events ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
+INSERT_USAGE = f"INSERT INTO usage_events ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
 HOURLY_COLUMNS = (
     "hour, tenant, key_id, model, kind, requests, errors, prompt_tokens, cached_tokens, completion_tokens, "
     "duration_s"
@@ -149,21 +149,20 @@ def key_row(key: KeyRecord) -> tuple[Any, ...]:
 
 
 def hourly_sums(usage: Sequence[LedgerRow]) -> list[tuple[Any, ...]]:
-    """A batch's usage rows summed by (hour, tenant, key, model, kind): the rollup's increments. (The
-    writer's, once per row: the fields by position, ``UsageRecord``'s order.)"""
+    """A batch's usage rows summed by (hour, tenant, key, model, kind): the rollup's increments."""
     hourly: dict[tuple[int, str, str, str, str], list[float]] = {}
-    for tenant, key_id, model, kind, prompt, cached, completion, status, duration, at, _ in usage:
-        group = (int(at // HOUR) * HOUR, tenant, key_id, model, kind)
+    for row in usage:
+        group = (int(row.at // HOUR) * HOUR, row.tenant, row.key_id, row.model, row.kind)
         sums = hourly.get(group)
         if sums is None:
             sums = hourly[group] = [0, 0, 0, 0, 0, 0.0]
         sums[0] += 1
-        if status >= 400:
+        if row.status >= 400:
             sums[1] += 1
-        sums[2] += prompt
-        sums[3] += cached
-        sums[4] += completion
-        sums[5] += duration
+        sums[2] += row.prompt_tokens
+        sums[3] += row.cached_tokens
+        sums[4] += row.completion_tokens
+        sums[5] += row.duration_s
     return [(*group, *(int(v) for v in sums[:5]), sums[5]) for group, sums in hourly.items()]
 
 
@@ -352,6 +351,7 @@ class SqlStore:
                 float(r[8]),
                 float(r[9]),
                 r[10],
+                r[11],
             )
             for r in rows
         ]

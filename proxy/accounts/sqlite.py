@@ -60,7 +60,7 @@ __all__ = ["APPLICATION_ID", "SqliteStore", "inspect_store", "open_store", "stat
 APPLICATION_ID = 0x6C6C6774  # "llgt" in the header's application id field (offset 68)
 _MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 5.0
-# Rows per statement, within SQLite's limit on parameters (32766 since 3.32, 999 before; a row has 11).
+# Rows per statement, within SQLite's limit on parameters (32766 since 3.32, 999 before; a row has 12).
 ROWS_PER_STATEMENT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 90
 _INSERT_USAGE_ROWS = f"INSERT INTO usage_events ({USAGE_COLUMNS}) VALUES "  # noqa: S608 - fixed column list
 _INSERT_HOURLY_ROWS = f"INSERT INTO usage_hourly ({HOURLY_COLUMNS}) VALUES "  # noqa: S608 - fixed column list

@@ -15,8 +15,8 @@ store nor budgets, ``NO_ACCOUNT``, whose every step does nothing) and uses it at
   timed out in the queue, the client left while it waited) is charged nothing: the pipeline gives its
   budget holds back.
 
-What a request that reached the child is charged (``usage_source`` says where the prompt's figure came
-from, ``proxy.accounts.records``):
+What a request that reached the child is charged (its ledger row's ``usage_source`` says where the
+prompt's figure came from):
 
 - ``reported``: the usage the child reported (its ``usage``, or the timings of a chat stream without
   ``include_usage``: ``proxy.streams.usage``);
@@ -117,9 +117,9 @@ class Account:
                 duration_s=time.monotonic() - ctx.started,
                 at=time.time(),
                 request_id=ctx.request_id,
+                usage_source=source,
             )
             self._ledger.record(row)
-        self.usage_source = source
         grant.charge(prompt + completion)
         self._metrics.observe_usage(self._who.tenant, self._model, prompt, cached, completion)
 
@@ -135,6 +135,8 @@ class Account:
             completion = max(completion, meter.tokens)  # cut short: what was generated until then
         prompt, source = await self._count_prompt()
         return (prompt, 0, completion), source
+
+
 def _status(ctx: RequestContext, exc: BaseException | None) -> int:
     """The status the client got (or is about to get: the error being answered)."""
     if ctx.response_started:

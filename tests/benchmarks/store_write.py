@@ -26,7 +26,7 @@ from tests.benchmarks import cli
 
 _JSON_INSERT = (
     f"INSERT INTO usage_events ({USAGE_COLUMNS}) SELECT "
-    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
+    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(12))
     + " FROM json_each(?)"
 )
 

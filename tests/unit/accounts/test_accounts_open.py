@@ -305,3 +305,33 @@ def test_an_online_backup_opens_as_a_store(store_path: Path, tmp_path: Path) -> 
         assert [k.key_id for k in restored.list_keys()] == [record.key_id]
     finally:
         restored.close()
+
+
+def test_a_store_of_schema_1_is_upgraded_and_its_rows_keep_their_meaning(store_path: Path) -> None:
+    """Schema 2 adds ``usage_events.usage_source``: a row written before it was the child's own report."""
+    import sqlite3
+
+    from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, migrations
+    from proxy.accounts.sqlite import APPLICATION_ID, statements
+
+    store_path.parent.mkdir(parents=True)
+    first = migrations()[0]
+    conn = sqlite3.connect(store_path, isolation_level=None)
+    conn.execute(SCHEMA_VERSION_TABLE)
+    for statement in statements(first.sql):
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (first.version, first.name))
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute(
+        "INSERT INTO usage_events (at, tenant, key_id, model, kind, prompt_tokens, cached_tokens,"
+        " completion_tokens, status, duration_s, request_id)"
+        " VALUES (1.0, 't', 'k', 'm', 'chat', 5, 0, 2, 200, 0.1, 'r')"
+    )
+    conn.close()
+    store = open_store(store_path)
+    try:
+        assert store.schema_version() == latest() >= 2
+        (row,) = store.usage_records()
+        assert (row.prompt_tokens, row.usage_source) == (5, "reported")
+    finally:
+        store.close()

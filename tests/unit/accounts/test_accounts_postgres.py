@@ -15,6 +15,7 @@ import pytest
 
 from proxy.accounts.issue import issue_key
 from proxy.accounts.keyview import KeyView
+from proxy.accounts.migrations import latest
 from proxy.accounts.postgres import PostgresStore, display_url, inspect_postgres, open_postgres
 from proxy.accounts.store import StoreError
 from proxy.settings import Scope
@@ -80,7 +81,9 @@ def test_config_check_describes_the_database_and_changes_nothing(postgres_url: s
     assert check_store(cfg) == f"{display_url(postgres_url)}: an empty database (serve initialises it)"
     assert check_store(cfg) == f"{display_url(postgres_url)}: an empty database (serve initialises it)"
     open_postgres(postgres_url).close()
-    assert inspect_postgres(postgres_url) == f"{display_url(postgres_url)}: llamagate store, schema 1"
+    assert (
+        inspect_postgres(postgres_url) == f"{display_url(postgres_url)}: llamagate store, schema {latest()}"
+    )
 
 
 @needs_postgres
@@ -131,7 +134,8 @@ def test_replicas_starting_at_once_apply_each_migration_once(postgres_url: str) 
     try:
         assert failed == [] and len(opened) == 4
         with psycopg.connect(postgres_url) as conn:
-            assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+            versions = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+            assert versions == [(v,) for v in range(1, latest() + 1)]
     finally:
         for store in opened:
             store.close()

@@ -239,7 +239,7 @@ async def test_a_client_that_leaves_a_stream_is_charged_what_was_generated_until
         assert 4 <= rec.completion_tokens < 500  # the role chunk carries no token; the meter counts the rest
         # Never reported (the child stopped before its last chunk): counted again by the child's own
         # counter (the fake's: words + 8), not left at 0 (issue 39: a prefill made free by hanging up).
-        assert rec.prompt_tokens == 9
+        assert (rec.prompt_tokens, rec.usage_source) == (9, "counted")
 
 
 async def test_an_admitted_request_that_never_reaches_the_child_is_not_a_ledger_row(served: Served) -> None:
@@ -543,7 +543,7 @@ async def test_streams_closed_at_their_first_token_are_charged_their_prompt_and_
             admitted = statuses.count(200)
             await eventually(lambda: len(records(accounts)) == admitted, 5.0)  # noqa: B023
         rows = records(accounts)
-    assert rows and all(row.prompt_tokens == prompt for row in rows)
+    assert rows and all(row.prompt_tokens == prompt and row.usage_source == "counted" for row in rows)
     assert all(1 <= row.completion_tokens < 500 for row in rows)
     # 1500 tokens a minute: three prompts fit with their completions, the fourth overshoots (the bound's
     # one request), and every later one is refused.
@@ -577,6 +577,7 @@ async def test_a_request_whose_replay_dies_too_is_charged_nothing_and_its_row_sa
     (line,) = access(caplog)
     assert line["status"] == 502 and line["replayed"] == 1 and line["tokens"] == 0
     assert (row.status, row.prompt_tokens, row.completion_tokens) == (502, 0, 0)
+    assert row.usage_source == "undelivered"
     assert remaining == 0
 
 
