@@ -78,26 +78,37 @@ class ModelRouter:
         """The lane a request's ``model`` names (its name or an alias; none at all when one model is
         served); 404 listing what is served. ``tenant`` None (an admin-only key's tenant may be
         unconfigured): no ``models`` limit. ``key_models``: the calling key's own limit (() = none)."""
-        if model is None:
-            only = self.only()
-            if only is not None:
-                model = only.name  # one model: naming it is optional
-            elif not self.lanes and len(set(self.restarting.values())) == 1:
-                model = next(iter(self.restarting))  # the one model is restarting: its 503 below
-            else:
-                raise BadRequest(f"'model' is required: this server serves {self._served()}")
-        lane = None
+        lane = self._lane(self._implied() if model is None else model)
+        self._check_access(lane, tenant, key_models)
+        return lane
+
+    def _implied(self) -> str:
+        """The model a request that names none asks for: the one served (or restarting), else 400."""
+        only = self.only()
+        if only is not None:
+            return only.name  # one model: naming it is optional
+        if not self.lanes and len(set(self.restarting.values())) == 1:
+            return next(iter(self.restarting))  # the one model is restarting: its 503 follows
+        raise BadRequest(f"'model' is required: this server serves {self._served()}")
+
+    def _lane(self, model: Any) -> Lane:
+        """The lane of a model's name or alias; 503 while it restarts, 404 when nothing serves it."""
         if isinstance(model, str):
             lane = self.lanes.get(model) or next(
                 (la for la in self.lanes.values() if model in la.entry.aliases), None
             )
-        if lane is None and isinstance(model, str) and model in self.restarting:
-            raise NotReady(
-                f"the model '{self.restarting[model]}' is restarting with new settings", RESTART_RETRY_S
-            )
-        if lane is None:
-            shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
-            raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {self._served()}")
+            if lane is not None:
+                return lane
+            if model in self.restarting:
+                raise NotReady(
+                    f"the model '{self.restarting[model]}' is restarting with new settings", RESTART_RETRY_S
+                )
+        shown = model if isinstance(model, str) and len(model) <= 200 else "(invalid)"
+        raise ModelNotFound(f"The model '{shown}' does not exist; this server serves {self._served()}")
+
+    @staticmethod
+    def _check_access(lane: Lane, tenant: TenantSettings | None, key_models: Sequence[str]) -> None:
+        """403 when the tenant's or the key's ``models`` limit leaves this lane out."""
         if tenant is not None and tenant.models and lane.name not in tenant.models:
             raise Forbidden(f"tenant '{tenant.name}' may not use the model '{lane.name}'")
         if key_models and lane.name not in key_models:
@@ -105,7 +116,6 @@ class ModelRouter:
                 f"this API key may not use the model '{lane.name}'; it is limited to "
                 + ", ".join(f"'{m}'" for m in key_models)
             )
-        return lane
 
     def _served(self) -> str:
         """For a refusal's message only (not built for every request)."""
