@@ -66,9 +66,6 @@ class AccountKey:
     def key_id(self) -> str:
         return self.principal.key_id
 
-    def allows_model(self, name: str) -> bool:
-        return not self.models or name in self.models
-
 
 class KeyView:
     def __init__(self, store: Store, poll_s: float = POLL_S) -> None:
