@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from proxy.accounts.budgets import openai_duration
+from proxy.accounts.budgets import RateHeaders
+from proxy.accounts.budgets import rate_limit_headers as budget_headers
 from proxy.admission.pipeline import Ask, Grant, Spent
-from proxy.cluster.budgets import Checked, Figure, SharedBudgets, SharedTicket
+from proxy.cluster.budgets import Checked, SharedBudgets, SharedTicket
 from proxy.cluster.limiter import ClusterLease, ClusterLimiter
 from proxy.errors import Rejected
 
@@ -74,19 +75,15 @@ class LeaseStep:
             grant.waited(loop.time() - started)
 
 
-def rate_limit_headers(checked: Checked) -> list[tuple[bytes, bytes]]:
+def rate_limit_headers(checked: Checked) -> RateHeaders:
     """OpenAI's ``x-ratelimit-*`` headers from the cluster's figures, as ``proxy.accounts.budgets`` makes a
     replica's: per kind limit, remaining and reset, the kind of the first budget first."""
-    tokens = _kind_headers("tokens", checked.tokens)
-    requests = _kind_headers("requests", checked.requests)
-    return tokens + requests if checked.tokens_first else requests + tokens
-
-
-def _kind_headers(kind: str, figure: Figure | None) -> list[tuple[bytes, bytes]]:
-    if figure is None:
-        return []
+    kinds = (("tokens", checked.tokens), ("requests", checked.requests))
+    if not checked.tokens_first:
+        kinds = kinds[::-1]
     return [
-        (f"x-ratelimit-limit-{kind}".encode(), b"%d" % figure.limit),
-        (f"x-ratelimit-remaining-{kind}".encode(), b"%d" % max(0, figure.remaining)),
-        (f"x-ratelimit-reset-{kind}".encode(), openai_duration(figure.reset_s).encode()),
+        header
+        for kind, figure in kinds
+        if figure is not None
+        for header in budget_headers(kind, figure.limit, figure.remaining, figure.reset_s)
     ]
