@@ -22,16 +22,22 @@ def where(settings: StoreSettings) -> str:
     return settings.path
 
 
-def open_configured_store(settings: StoreSettings, *, daemon: bool = False, create: bool = True) -> Store:
+def open_configured_store(
+    settings: StoreSettings, *, daemon: bool = False, create: bool = True, read_only: bool = False
+) -> Store:
     """Open (and migrate) the store. ``daemon``: as the serving daemon (SQLite: take the file's daemon
     lock; PostgreSQL shares one database between replicas, so there is none). ``create``: SQLite only,
     whether an absent file is made (a database is made by its administrator, and initialised here).
+    ``read_only``: SQLite only, for the commands that only read (``usage``, ``keys list``): checked,
+    never written (a full disk does not stop them); a database server has no such failure to avoid.
     Raises ``StoreError``."""
     if settings.url is not None:
         from proxy.accounts.postgres import open_postgres
 
         return open_postgres(settings.url)
-    return open_store(Path(settings.path), daemon=daemon, create=create)
+    return open_store(
+        Path(settings.path), daemon=daemon, create=create and not read_only, read_only=read_only
+    )
 
 
 def inspect_configured_store(settings: StoreSettings) -> str:

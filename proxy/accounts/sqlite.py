@@ -168,10 +168,15 @@ def _create(path: Path) -> None:
     os.close(fd)
 
 
-def _connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
+def _connect(path: Path, *, read_only: bool = False, file_read_only: bool = False) -> sqlite3.Connection:
+    """``read_only``: this connection writes nothing; ``file_read_only``: the file is opened read-only too
+    (SQLite's ``mode=ro``: it asks the filesystem for nothing but reads, so a full disk cannot stop it)."""
     # isolation_level=None: no implicit transactions; every write says BEGIN IMMEDIATE itself.
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-    if read_only:
+    target: str | Path = f"file:{path}?mode=ro" if file_read_only else path
+    conn = sqlite3.connect(
+        target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, uri=file_read_only
+    )
+    if read_only or file_read_only:
         conn.execute("PRAGMA query_only = 1")
     return conn
 
@@ -179,17 +184,25 @@ def _connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
 class SqliteStore(SqlStore):
     """``store.Store`` on one SQLite file. Build it with ``open_store``."""
 
-    def __init__(self, path: Path, lock: DaemonLock | None = None, *, max_pages: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        lock: DaemonLock | None = None,
+        *,
+        max_pages: int | None = None,
+        read_only: bool = False,
+    ) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._daemon_lock = lock
-        self._conn = _connect(path)
+        self._conn = _connect(path, file_read_only=read_only)
         self._reader: sqlite3.Connection | None = None
         self._data_version = -1
         self._marker = 0
         try:
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+            if not read_only:
+                self._conn.execute("PRAGMA synchronous = NORMAL")
             if max_pages is not None:
                 self.limit_pages(max_pages)
         except sqlite3.Error:
@@ -360,15 +373,25 @@ def _check_contents(conn: sqlite3.Connection, path: Path, state: State) -> None:
 
 
 def open_store(
-    path: str | Path, *, daemon: bool = False, create: bool = True, max_pages: int | None = None
+    path: str | Path,
+    *,
+    daemon: bool = False,
+    create: bool = True,
+    max_pages: int | None = None,
+    read_only: bool = False,
 ) -> SqliteStore:
     """Open the store at ``path``, checked and migrated; an absent one is created (0600, in a folder
     made 0700) unless ``create`` is False. ``daemon``: also take the store's daemon lock, so that a
     second daemon on the same file is refused. ``max_pages`` caps the file's size (SQLite pages), for
-    tests that need a real SQLITE_FULL. Raises ``StoreError``."""
+    tests that need a real SQLITE_FULL. ``read_only``: for commands that only read (``usage``, ``keys
+    list``): the same checks, nothing written (no migration, no checkpoint), so a full disk or a
+    read-only file does not stop them. Raises ``StoreError`` for a file that is not a usable store:
+    absent, foreign, corrupt or cut short, newer, unreadable."""
     path = Path(path)
     if not create and _probe(path) == "absent":
         raise StoreError(f"{path}: no store there yet (llamagate serve or llamagate keys new creates it)")
+    if read_only:
+        return _open_read_only(path)
     _prepare_folder(path.parent)
     lock = DaemonLock.acquire(path) if daemon else None
     try:
@@ -385,9 +408,11 @@ def open_store(
         elif state == "ours":
             path.chmod(0o600)  # a file copied in (a restored backup) may have come with a wider mode
         store = SqliteStore(path, lock, max_pages=max_pages)
-    except BaseException:
+    except BaseException as exc:
         if lock is not None:
             lock.release()
+        if isinstance(exc, sqlite3.DatabaseError):  # a file cut short fails at its first statement
+            raise _corrupt(path, exc) from exc
         raise
     try:
         try:
@@ -396,10 +421,51 @@ def open_store(
             mode = store._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"{path}: cannot use WAL mode (journal_mode stays {mode}): is it on NFS?")
+            store.migrate(migrations())
+            store.checkpoint()  # the mark into the file's own header, where the next open looks first
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: corrupt or not a database: {exc}") from exc
-        store.migrate(migrations())
-        store.checkpoint()  # the mark into the file's own header, where the next open looks first
+            raise _corrupt(path, exc) from exc
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0])
+
+
+def _refuse_newer(path: Path, have: int) -> None:
+    known = len(migrations())
+    if have > known:
+        raise StoreError(
+            f"{path}: schema version {have} was written by a newer llamagate (this one knows up to {known})"
+        )
+
+
+def _corrupt(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    return StoreError(f"{path}: corrupt or not a database: {exc}; restore a backup (docs/operations.md)")
+
+
+def _open_read_only(path: Path) -> SqliteStore:
+    """``open_store(read_only=True)``: checked like ``inspect_store`` (``config check``), then opened for
+    reading only. A store not initialised yet, or at an older schema, reads as it is."""
+    state = _probe(path)
+    if state in ("empty", "unmarked"):
+        raise StoreError(f"{path}: not initialised yet, nothing to read (llamagate serve initialises it)")
+    try:
+        store = SqliteStore(path, read_only=True)
+    except sqlite3.DatabaseError as exc:
+        raise _corrupt(path, exc) from exc
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open: {exc}") from exc
+    try:
+        try:
+            _check_contents(store._conn, path, state)
+            have = _schema_version(store._conn)
+        except sqlite3.DatabaseError as exc:
+            raise _corrupt(path, exc) from exc
+        _refuse_newer(path, have)
     except BaseException:
         store.close()
         raise
@@ -426,15 +492,12 @@ def inspect_store(path: str | Path) -> str:
         _check_contents(conn, path, state)
         if int(conn.execute("PRAGMA application_id").fetchone()[0]) == 0:
             return f"{path}: an empty SQLite database (serve initialises it)"
-        have = int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0])
+        have = _schema_version(conn)
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path}: corrupt or not a database: {exc}") from exc
+        raise _corrupt(path, exc) from exc
     finally:
         conn.close()
+    _refuse_newer(path, have)
     known = len(migrations())
-    if have > known:
-        raise StoreError(
-            f"{path}: schema version {have} was written by a newer llamagate (this one knows up to {known})"
-        )
     later = "" if have == known else f" (serve migrates it to {known})"
     return f"{path}: llamagate store, schema {have}{later}"

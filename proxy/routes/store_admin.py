@@ -19,14 +19,24 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.accounts.issue import issue_key
+from proxy.accounts.issue import check_models, check_name, check_tenant, issue_key
 from proxy.accounts.records import BUDGET_NAMES, GroupBy, KeyRecord
-from proxy.accounts.report import GROUPS, key_row, parse_duration, parse_when, usage_report
+from proxy.accounts.report import (
+    GROUPS,
+    check_budget,
+    check_key_id,
+    check_tenant_name,
+    key_row,
+    parse_duration,
+    parse_when,
+    usage_report,
+)
 from proxy.accounts.service import Accounts
 from proxy.accounts.store import StoreError
 from proxy.asgi import body as bodies
@@ -43,7 +53,7 @@ log = logging.getLogger("llamagate.accounts")
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 _NEW_FIELDS = frozenset({"tenant", "scopes", "admin", "expires", "models", "name", "budgets"})
 _SCOPES: frozenset[KeyScope] = frozenset({"inference", "admin"})
-_MAX_NAME = 200
+T = TypeVar("T")
 
 
 def _accounts(state: ProxyState) -> Accounts:
@@ -114,26 +124,23 @@ class AdminKeys:
         if unknown:
             known = ", ".join(sorted(_NEW_FIELDS))
             raise BadRequest(f"unknown field(s) {', '.join(unknown)}; a key takes {known}")
-        tenant = body.get("tenant")
-        names = sorted(self.state.tenants)
-        if not isinstance(tenant, str) or tenant not in self.state.tenants:
-            raise BadRequest(f"'tenant' must name a configured tenant ({', '.join(names)})")
-        return tenant
+        return _field("tenant", check_tenant, body.get("tenant"), self.state.tenants)
 
     def _models(self, body: dict[str, Any]) -> tuple[str, ...]:
         models = body.get("models")
         if models is None:
             return ()
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+        if not isinstance(models, list):
             raise BadRequest("'models' must be a non-empty list of model names (omit it for every model)")
-        served = self.state.router.lanes
-        unknown = [m for m in models if m not in served]
-        if unknown:
-            raise BadRequest(
-                f"'models': {', '.join(repr(m) for m in unknown)} not served here "
-                f"(served: {', '.join(served)})"
-            )
-        return tuple(dict.fromkeys(models))
+        return _field("models", check_models, models, tuple(self.state.router.lanes))
+
+
+def _field(name: str, check: Callable[..., T], *args: object) -> T:
+    """``check(*args)``, its ``ValueError`` a 400 naming the field."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise BadRequest(f"'{name}': {exc}") from None
 
 
 def _scopes(body: dict[str, Any]) -> frozenset[KeyScope]:
@@ -152,10 +159,7 @@ def _scopes(body: dict[str, Any]) -> frozenset[KeyScope]:
 
 
 def _name(body: dict[str, Any]) -> str:
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > _MAX_NAME or any(c < " " for c in name):
-        raise BadRequest(f"'name' must be text of at most {_MAX_NAME} characters, on one line")
-    return name
+    return _field("name", check_name, body.get("name", ""))
 
 
 def _expires(value: Any, now: float) -> float | None:
@@ -174,10 +178,7 @@ def _budgets(value: Any) -> BudgetSettings:
         return BudgetSettings()
     if not isinstance(value, dict) or set(value) - set(BUDGET_NAMES):
         raise BadRequest(f"'budgets' must be an object with any of {', '.join(BUDGET_NAMES)}")
-    for name, limit in value.items():
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise BadRequest(f"'budgets.{name}' must be a whole number >= 1 (or null: no limit)")
-    return BudgetSettings(**value)
+    return BudgetSettings(**{name: _field(f"budgets.{name}", check_budget, v) for name, v in value.items()})
 
 
 class AdminKey:
@@ -227,7 +228,8 @@ class AdminUsage:
                 since = parse_when(query["since"], time.time())
             except ValueError as exc:
                 raise BadRequest(f"'since' {query['since'][:40]!r}: {exc}") from None
-        tenant, key_id = query.get("tenant") or None, query.get("key") or None
+        tenant = _field("tenant", check_tenant_name, query["tenant"]) if query.get("tenant") else None
+        key_id = _field("key", check_key_id, query["key"]) if query.get("key") else None
         rows = await _in_thread(
             lambda: accounts.store.usage(by=group, tenant=tenant, key_id=key_id, since=since)
         )

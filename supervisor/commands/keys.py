@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import ParamSpec, TypeVar
 
-from proxy.accounts.issue import issue_key, successor
+from proxy.accounts.issue import check_models, check_name, issue_key, successor
 from proxy.accounts.records import KeyRecord
-from proxy.accounts.report import key_row
+from proxy.accounts.report import check_budget, key_row
 from proxy.accounts.store import Store, StoreError
 from proxy.auth import key_digest, new_key
 from proxy.settings import BudgetSettings, KeyEntry, Scope
@@ -141,12 +141,9 @@ def _limit(flag: str, text: str | None, *, unset: bool) -> int | None:
     if text is None or (unset and text.lower() == "none"):
         return None
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"{flag} {text!r}: a whole number >= 1" + (", or none" if unset else ""))
-    return value
+        return check_budget(int(text) if text.strip().isdigit() else 0)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text[:40]!r}: {exc}" + (", or none" if unset else "")) from None
 
 
 def _budgets(args: argparse.Namespace, *, unset: bool = False) -> BudgetSettings:
@@ -154,14 +151,25 @@ def _budgets(args: argparse.Namespace, *, unset: bool = False) -> BudgetSettings
     return BudgetSettings(**values)
 
 
-def _models(text: str | None) -> tuple[str, ...]:
+def _models(text: str | None, conf: Configured) -> tuple[str, ...]:
+    """The key's models: names the configuration's daemon serves, as ``POST /admin/keys`` requires."""
     if text is None:
         return ()
     models = tuple(m.strip() for m in text.split(",") if m.strip())
     bad = [m for m in models if not _MODEL.fullmatch(m)]
     if bad or not models:
         raise UsageError(f"--models {text!r}: model names separated by commas (e.g. gemma-3-270m,qwen)")
-    return models
+    try:
+        return check_models(models, conf.served())
+    except ValueError as exc:
+        raise UsageError(f"--models {text!r}: {exc}") from None
+
+
+def _name(text: str) -> str:
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise UsageError(f"--name: {exc}") from None
 
 
 def entry_yaml(entry: KeyEntry) -> str:
@@ -212,8 +220,8 @@ def _new(args: argparse.Namespace) -> int:
         args.tenant,
         _scopes(args),
         now,
-        name=args.name,
-        models=_models(args.models),
+        name=_name(args.name),
+        models=_models(args.models, conf),
         budgets=_budgets(args),
         expires=expires,
     )
@@ -228,8 +236,8 @@ def _new(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _store(conf: Configured, *, create: bool) -> Iterator[Store]:
-    store = open_configured(conf, create=create)
+def _store(conf: Configured, *, create: bool, read_only: bool = False) -> Iterator[Store]:
+    store = open_configured(conf, create=create, read_only=read_only)
     try:
         yield store
     finally:
@@ -253,7 +261,7 @@ def _rows(keys: Sequence[KeyRecord], now: float) -> list[dict[str, object]]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _store(configured(args), create=False) as store:
+    with _store(configured(args), create=False, read_only=True) as store:
         keys = _call(store.list_keys)
     now = time.time()
     if args.format == "json":

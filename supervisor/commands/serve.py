@@ -11,8 +11,10 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from dataclasses import replace
 
+from proxy.accounts.store import StoreError
 from proxy.auth import new_key
 from proxy.settings import KeyEntry
 from supervisor import logs
@@ -25,6 +27,7 @@ from supervisor.daemon.prepare import default_threads
 from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
 from supervisor.daemon.service import Daemon
 from supervisor.daemon.wiring import DaemonAccounts, open_accounts
+from supervisor.errors import Misconfigured
 from supervisor.progress import ConsoleProgress
 
 log = logging.getLogger("llamagate.serve")
@@ -64,11 +67,25 @@ def _apply_logging(args: argparse.Namespace, cfg: Config) -> None:
     logs.setup(fmt, level)
 
 
-def generate_key(cfg: Config) -> tuple[str, KeyEntry] | None:
-    """One fresh inference+admin key when the config has none (and no anonymous tenant)."""
-    if cfg.keys or cfg.proxy.anonymous_tenant is not None:
+def generate_key(cfg: Config, store_admins: int = 0) -> tuple[str, KeyEntry] | None:
+    """One fresh inference+admin key when the config has none (and no anonymous tenant) and the store
+    holds no active admin key (``store_admins``): an operator who keeps keys in the store has one."""
+    if cfg.keys or cfg.proxy.anonymous_tenant is not None or store_admins > 0:
         return None
     return new_key(cfg.tenants[0].name, frozenset({"inference", "admin"}))
+
+
+def store_admin_keys(accounts: DaemonAccounts) -> int:
+    """Active admin keys in the daemon's store (0 without one). A store that cannot list them is the
+    daemon's problem to report at start (``Misconfigured``), as every other store failure."""
+    if accounts.accounts is None:
+        return 0
+    try:
+        keys = accounts.accounts.store.list_keys()
+    except StoreError as exc:
+        raise Misconfigured(str(exc)) from exc
+    now = time.time()
+    return sum(1 for k in keys if "admin" in k.scopes and k.status(now) == "active")
 
 
 def _banner(cfg: Config, key: str) -> str:
@@ -121,10 +138,17 @@ def _serve(args: argparse.Namespace) -> int:
         crowded = thread_warning(models, default_threads())
         if crowded is not None:
             log.warning(crowded)
-        generated = generate_key(cfg)
+        admins = store_admin_keys(accounts)
+        generated = generate_key(cfg, admins)
         if generated is not None:
             # stdout, once, never a log line: logs are kept and shipped; this key must not be.
             sys.stdout.write(_banner(cfg, generated[0]))
+            sys.stdout.flush()
+        elif admins and not cfg.keys:
+            sys.stdout.write(
+                f"llamagate: no temporary key made: the store holds {admins} active admin key(s) "
+                "(llamagate keys list; keys new --admin makes another)\n"
+            )
             sys.stdout.flush()
         daemon = Daemon(
             cfg,

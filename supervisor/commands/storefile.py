@@ -14,7 +14,7 @@ from pathlib import Path
 
 from proxy.accounts.engines import open_configured_store
 from proxy.accounts.store import Store, StoreError
-from supervisor.config.load import load_sections, resolve_config_path
+from supervisor.config.load import load_sections, resolve_config_path, served_names
 from supervisor.config.proxy_settings import store_settings
 from supervisor.config.schema import Config
 from supervisor.errors import Misconfigured
@@ -42,13 +42,21 @@ class Configured:
     def tenants(self) -> list[str]:
         return [t.name for t in self.config.tenants]
 
+    def served(self) -> tuple[str, ...]:
+        """The names of the models the daemon of this configuration serves (what ``POST /admin/keys``
+        checks a key's models against)."""
+        return served_names(self.source)
+
 
 def configured(args: argparse.Namespace) -> Configured:
     source = resolve_config_path(getattr(args, "config", None))
     return Configured(source, load_sections(source, ("store", "tenants")))
 
 
-def open_configured(conf: Configured, *, create: bool) -> Store:
+def open_configured(conf: Configured, *, create: bool, read_only: bool = False) -> Store:
+    """The configuration's store, as ``serve`` would open it (the same checks): a store that is corrupt,
+    cut short, foreign, newer or unreadable is a clear exit 2 naming the file. ``read_only`` for the
+    commands that only read."""
     settings = store_settings(conf.config.store)
     if settings is None:
         raise Misconfigured(
@@ -57,6 +65,6 @@ def open_configured(conf: Configured, *, create: bool) -> Store:
             "keys: list"
         )
     try:
-        return open_configured_store(settings, create=create)
+        return open_configured_store(settings, create=create, read_only=read_only)
     except StoreError as exc:
         raise Misconfigured(str(exc)) from exc

@@ -14,13 +14,20 @@ import json
 import sys
 import time
 
-from proxy.accounts.report import usage_columns, usage_record, usage_report, usage_total
+from proxy.accounts.report import (
+    check_key_id,
+    check_tenant_name,
+    usage_columns,
+    usage_record,
+    usage_report,
+    usage_total,
+)
 from proxy.accounts.store import StoreError
 from supervisor.commands.config import add_config_argument
 from supervisor.commands.keys import print_table
 from supervisor.commands.storefile import configured, open_configured
 from supervisor.commands.timespec import parse_when
-from supervisor.errors import Misconfigured
+from supervisor.errors import Misconfigured, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,8 +50,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _usage(args: argparse.Namespace) -> int:
     since = parse_when("--since", args.since, time.time()) if args.since else None
+    for flag, check, value in (
+        ("--tenant", check_tenant_name, args.tenant),
+        ("--key", check_key_id, args.key),
+    ):
+        if value:
+            try:
+                check(value)
+            except ValueError as exc:
+                raise UsageError(f"{flag} {value[:40]!r}: {exc}") from None
     conf = configured(args)
-    store = open_configured(conf, create=False)
+    store = open_configured(conf, create=False, read_only=True)
     try:
         rows = store.usage(by=args.by, tenant=args.tenant, key_id=args.key, since=since)
     except StoreError as exc:

@@ -24,7 +24,7 @@ import yaml
 
 from proxy.settings import DEFAULT_PRIORITY, parse_priority
 from supervisor.config.rules import cross_check
-from supervisor.config.schema import Config, NameOrPath, Priority, ProxyConfig
+from supervisor.config.schema import Config, ModelConfig, NameOrPath, Priority, ProxyConfig
 from supervisor.errors import ConfigError
 from supervisor.launch.chat_template import is_builtin
 
@@ -119,6 +119,26 @@ def load_sections(path: Path | None, names: tuple[str, ...], env: Mapping[str, s
         raise ConfigError(problems, str(path))
     assert isinstance(config, Config)
     return config
+
+
+def served_names(path: Path | None) -> tuple[str, ...]:
+    """The names of the models a configuration serves (``models[].name``, else ``llama.model.alias``),
+    read from the file as written, without checking the rest of those sections: for the commands that
+    must refuse a key for a model the daemon does not serve, and run where the sections' other
+    ``${VAR}``s (a model's digest) are not set."""
+    default = ModelConfig().alias
+    if path is None:
+        return (default,)
+    raw = _parse_yaml(_read(path), str(path))
+    if not isinstance(raw, dict):
+        return (default,)
+    models = raw.get("models")
+    if isinstance(models, list) and models:
+        return tuple(m["name"] for m in models if isinstance(m, dict) and isinstance(m.get("name"), str))
+    llama = raw.get("llama")
+    model = llama.get("model") if isinstance(llama, dict) else None
+    alias = model.get("alias") if isinstance(model, dict) else None
+    return (alias if isinstance(alias, str) else default,)
 
 
 def _read(path: Path) -> str:

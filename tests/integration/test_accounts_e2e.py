@@ -410,6 +410,24 @@ def test_a_store_serve_cannot_use_is_refused_with_exit_2_naming_the_file(
     assert checked.returncode == 2 and f"{foreign}: not an SQLite database" in checked.stdout
     assert foreign.read_text() == "these are my notes, not a database\n"  # untouched
 
+    # A real store cut short (issue 39: serve died with a raw sqlite3.DatabaseError, exit 1).
+    from proxy.accounts.records import Batch, UsageRecord
+    from proxy.accounts.sqlite import open_store
+
+    cut = tmp_path / "cut" / "llamagate.db"
+    made = open_store(cut)
+    made.write(
+        Batch(
+            usage=tuple(UsageRecord("t", "k", "m", "chat", 1, 0, 1, 200, 0.1, float(i)) for i in range(2000))
+        )
+    )
+    made.close()
+    with cut.open("r+b") as f:
+        f.truncate(cut.stat().st_size // 2)
+    d = daemon_factory(with_store(cut), wait_ready=False)
+    assert d.wait_exit(120) == 2
+    assert f"{cut}: corrupt" in d.log_text() + d.stdout_path.read_text()
+
     # One daemon per store file: the second is refused, naming the first one's pid.
     store = tmp_path / "state" / "llamagate.db"
     first = daemon_factory(with_store(store))

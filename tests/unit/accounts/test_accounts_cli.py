@@ -7,6 +7,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +32,9 @@ def write_config(folder: Path, store: str) -> Path:
     # The model's digest comes from an unset variable: keys and usage read only store: and tenants:.
     path.write_text(
         "llama:\n  model: {path: m.gguf, sha256: '${LLAMAGATE_TEST_NOT_SET}'}\n"
+        "models:\n"
+        "  - {name: gemma-3-270m, path: m.gguf, sha256: '${LLAMAGATE_TEST_NOT_SET}'}\n"
+        "  - {name: qwen, path: q.gguf, sha256: '${LLAMAGATE_TEST_NOT_SET}'}\n"
         f"store:\n  {store}\n"
         "tenants: [{name: team}, {name: ops}]\n"
     )
@@ -290,3 +296,134 @@ def test_usage_reports_the_ledger_as_json_csv_and_a_table(
     assert total.startswith("total: 1 requests")
     status, _, err = run(capsys, "usage", "--config", str(config), "--since", "yesterday")
     assert status == 2 and "--since 'yesterday'" in err
+
+
+# --- hostile values and bad stores (issue 39) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--expires", "99999999999999999999w"), "--expires '99999999999999999999w': give a duration"),
+        (("--expires", "999999999999w"), "at most 100 years"),
+        (("--tokens-per-minute", "9223372036854775808"), "at most 1000000000000"),
+        (("--requests-per-minute", "-5"), "a whole number >= 1"),
+        (("--models", "gpt-4"), "--models 'gpt-4': 'gpt-4' not served here (served: gemma-3-270m, qwen)"),
+        (("--name", "two\nlines"), "--name: give text of at most 200 characters, on one line"),
+    ],
+)
+def test_keys_new_refuses_what_the_admin_route_refuses_and_stores_nothing(
+    capsys: pytest.CaptureFixture[str], config: Path, args: tuple[str, ...], message: str
+) -> None:
+    status, _, err = run(capsys, "keys", "new", "--config", str(config), "--tenant", "team", *args)
+    assert status == 2 and message in err, err
+    assert "Traceback" not in err
+    store = opened(config)
+    try:
+        assert store.list_keys() == []
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("since", ["9999-12-31T23:59:59-23:59", "99999999999w", "99999999999999999999w"])
+def test_usage_since_outside_the_calendar_is_exit_2(
+    capsys: pytest.CaptureFixture[str], config: Path, since: str
+) -> None:
+    new_key(capsys, config, "--tenant", "team")  # a store exists
+    status, _, err = run(capsys, "usage", "--config", str(config), "--since", since)
+    assert status == 2 and "--since" in err and "Traceback" not in err
+
+
+def test_usage_filters_are_checked(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    new_key(capsys, config, "--tenant", "team")
+    assert run(capsys, "usage", "--config", str(config), "--key", "no pe")[0] == 2
+    assert run(capsys, "usage", "--config", str(config), "--tenant", "a b")[0] == 2
+
+
+def test_keys_list_shows_a_row_outside_the_calendar(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    from proxy.accounts.issue import issue_key
+
+    _, record = issue_key("team", frozenset({"inference"}), time.time(), expires=1e20)
+    store = opened(config)
+    try:
+        store.add_key(record)
+    finally:
+        store.close()
+    status, out, err = run(capsys, "keys", "list", "--config", str(config), "--format", "json")
+    assert status == 0, err
+    (row,) = json.loads(out)["keys"]
+    assert row["expires"].startswith("invalid (")
+    assert run(capsys, "keys", "list", "--config", str(config))[0] == 0
+    assert run(capsys, "keys", "revoke", record.key_id, "--config", str(config))[0] == 0
+
+
+@pytest.mark.parametrize("cut", ["100 bytes", "half"])
+def test_a_truncated_store_is_exit_2_from_usage_and_keys_naming_the_file(
+    capsys: pytest.CaptureFixture[str], sqlite_config: Path, cut: str
+) -> None:
+    """A real store cut short (a disk that filled during a copy): a raw sqlite3.DatabaseError with exit 1
+    before; now the file and the problem, exit 2, as ``config check`` says it (``serve`` opens it the
+    same way: tests/integration/test_accounts_e2e.py)."""
+    new_key(capsys, sqlite_config, "--tenant", "team")
+    store = opened(sqlite_config)
+    try:
+        store.write(Batch(usage=tuple(record(i, at=T0 + i) for i in range(2000))))
+    finally:
+        store.close()
+    path = db(sqlite_config)
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(100 if cut == "100 bytes" else size // 2)
+    for argv in (["usage"], ["keys", "list"], ["keys", "new", "--tenant", "team"]):
+        status, _, err = run(capsys, *argv, "--config", str(sqlite_config))
+        assert status == 2 and f"{path}: corrupt" in err, (argv, err)
+        assert "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root (CI runs as root)")
+def test_usage_reads_a_store_on_a_full_filesystem(sqlite_config: Path, tmp_path: Path) -> None:
+    """``llamagate usage`` only reads: on a filesystem with no byte left it still answers (it failed with
+    "cannot apply the schema" while the running daemon's /admin/usage answered). In a private mount
+    namespace (gone with the process): a 4 MiB tmpfs holds the store, kept open by a daemon-like holder
+    as ``serve`` keeps it, then filled to its last byte."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    store_path = folder / "state" / "llamagate.db"
+    config = tmp_path / "full.yaml"
+    config.write_text(sqlite_config.read_text().replace("state/llamagate.db", str(store_path)))
+    holder = (
+        "import sys, time\n"
+        "from proxy.accounts.sqlite import open_store\n"
+        "from proxy.accounts.records import Batch\n"
+        "from tests.unit.accounts.test_accounts_ledger import T0, record\n"
+        f"store = open_store({str(store_path)!r}, daemon=True)\n"
+        "store.write(Batch(usage=(record(0, at=T0),)))\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    script = f"""
+set -e
+mount -t tmpfs -o size=4m tmpfs {folder}
+mkfifo {tmp_path}/hold
+{sys.executable} -c "$HOLDER" < {tmp_path}/hold > {tmp_path}/holder.out &
+exec 3> {tmp_path}/hold
+until grep -q ready {tmp_path}/holder.out; do sleep 0.05; done
+dd if=/dev/zero of={folder}/filler bs=64k 2>/dev/null || true
+df -k {folder} | tail -1
+{sys.executable} -m supervisor usage --config {config} --format json
+exec 3>&-
+wait
+"""
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "HOLDER": holder},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    df_line, _, report = done.stdout.partition("\n")
+    assert df_line.split()[3] == "0", df_line  # no free block: the filesystem is full
+    assert json.loads(report)["total"]["total_tokens"] == 10  # record(0): 10 prompt tokens

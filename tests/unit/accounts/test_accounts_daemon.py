@@ -100,3 +100,31 @@ def test_config_check_describes_a_good_store_and_creates_none(
     out = capsys.readouterr().out
     assert f"store: {tmp_path / 'state' / 'llamagate.db'}: absent (serve creates it)" in out
     assert not (tmp_path / "state").exists()
+
+
+def test_serve_makes_no_temporary_key_when_the_store_holds_an_admin_key(tmp_path: Path) -> None:
+    """Keys only in the store, none in the config: an operator who keeps an admin key there needs no
+    temporary one (issue 39: serve printed one anyway); with inference keys only, it still makes one."""
+    from proxy.accounts.issue import issue_key
+    from proxy.accounts.service import Accounts
+    from proxy.accounts.sqlite import open_store
+    from supervisor.commands.serve import generate_key, store_admin_keys
+    from supervisor.config.schema import Config
+
+    accounts = Accounts(open_store(tmp_path / "s.db"), ())
+    try:
+        held = DaemonAccounts(accounts)
+        assert store_admin_keys(held) == 0
+        accounts.store.add_key(issue_key("default", frozenset({"inference"}), time.time())[1])
+        assert store_admin_keys(held) == 0
+        assert generate_key(Config(), store_admin_keys(held)) is not None
+        revoked = issue_key("default", frozenset({"inference", "admin"}), time.time())[1]
+        accounts.store.add_key(revoked)
+        accounts.store.revoke_key(revoked.key_id, time.time())
+        assert store_admin_keys(held) == 0  # a revoked admin key is none
+        accounts.store.add_key(issue_key("default", frozenset({"admin"}), time.time())[1])
+        assert store_admin_keys(held) == 1
+        assert generate_key(Config(), store_admin_keys(held)) is None
+        assert store_admin_keys(DaemonAccounts(None)) == 0
+    finally:
+        accounts.close()

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -389,7 +391,7 @@ async def test_a_written_key_is_201_even_when_reading_the_keys_again_fails(
 async def test_admin_key_routes_refuse_bad_input_by_name(served: Served) -> None:
     async with served() as (p, _), p.client("admin") as admin:
         cases = [
-            ({"tenant": "nobody"}, "'tenant' must name a configured tenant"),
+            ({"tenant": "nobody"}, "'tenant': must name a configured tenant"),
             ({"tenant": "team", "scopes": ["root"]}, "'scopes'"),
             ({"tenant": "team", "models": ["nope"]}, "'models': 'nope' not served"),
             ({"tenant": "team", "expires": "soon"}, "'expires' 'soon'"),
@@ -604,3 +606,113 @@ async def test_a_request_admitted_as_its_windows_overshooter_shows_its_reserve_c
     assert first.status_code == 200
     assert first.headers["x-ratelimit-limit-tokens"] == "1500"
     assert first.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+# --- hostile values at the admin routes (issue 39) ---------------------------------------------------
+
+
+async def test_out_of_range_values_are_400_naming_the_field_and_change_nothing(served: Served) -> None:
+    """What an outside attack run sent: an expiry past year 9999 (answered 500, yet committed: the key
+    list broke for good), budgets of 2**63 (an OverflowError), dates outside the calendar."""
+    async with served() as (p, accounts), p.client("admin") as admin:
+        before = accounts.store.list_keys()
+        cases = [
+            ({"tenant": "team", "expires": "999999999999w"}, "'expires'"),
+            ({"tenant": "team", "expires": "99999999999999999999w"}, "'expires'"),
+            ({"tenant": "team", "budgets": {"tokens_per_day": 2**63}}, "'budgets.tokens_per_day'"),
+            ({"tenant": "team", "budgets": {"requests_per_minute": 10**13}}, "at most"),
+            ({"tenant": "team", "models": ["gpt-4"]}, "'models': 'gpt-4' not served"),
+        ]
+        for body, message in cases:
+            r = await admin.post("/admin/keys", json=body)
+            assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
+        for since in ("9999-12-31T23:59:59-23:59", "99999999999w", "0001-01-01T00:00:00+23:59"):
+            r = await admin.get("/admin/usage", params={"since": since})
+            assert r.status_code == 400 and "'since'" in r.json()["error"]["message"], (since, r.text)
+        assert accounts.store.list_keys() == before
+        listed = await admin.get("/admin/keys")
+        assert listed.status_code == 200
+
+
+async def test_a_stored_row_outside_the_calendar_is_listed_and_can_be_revoked(served: Served) -> None:
+    """A key written with an expiry no calendar holds (by hand, or by an older llamagate) never breaks
+    the list: it is shown, saying what is wrong with its date, and it can be revoked."""
+    async with served() as (p, accounts), p.client("admin") as admin:
+        _, record = issue_key("team", INFERENCE, time.time(), expires=1e20)
+        accounts.store.add_key(record)
+        listed = await admin.get("/admin/keys")
+        assert listed.status_code == 200, listed.text
+        (row,) = [k for k in listed.json()["keys"] if k["id"] == record.key_id]
+        assert row["expires"].startswith("invalid (")
+        gone = await admin.delete(f"/admin/keys/{record.key_id}")
+        assert gone.status_code == 200 and gone.json()["status"] == "revoked"
+
+
+def _hostile(rng: random.Random, depth: int = 0) -> object:
+    """A random JSON value of the kinds hostile clients send: huge and negative numbers, floats, the
+    wrong types, nesting, unicode, long text."""
+    choices: list[object] = [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**63,
+        -(2**64),
+        10**30,
+        1e308,
+        -0.5,
+        3.5,
+        "",
+        "30d",
+        "999999999999w",
+        "9999-12-31T23:59:59-23:59",
+        "\u202e\u0000\ud7ff\U0001f600",
+        "x" * 5000,
+        "admin",
+        "team",
+        "inference",
+    ]
+    pick = rng.randrange(len(choices) + (3 if depth < 2 else 0))
+    if pick < len(choices):
+        return choices[pick]
+    if pick == len(choices):
+        return [_hostile(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    fields = ["tenant", "scopes", "admin", "expires", "models", "name", "budgets", *BUDGETS, "zz"]
+    return {rng.choice(fields): _hostile(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+BUDGETS = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_hostile_values_at_every_admin_route_are_never_a_500(
+    served: Served, caplog: pytest.LogCaptureFixture, seed: int
+) -> None:
+    """Seeded: a failure names its seed and reproduces. Every admin route's body and query: no 500, no
+    traceback in the log, and the store unchanged whenever the answer is a refusal."""
+    rng = random.Random(seed)
+    fields = ("tenant", "scopes", "admin", "expires", "models", "name", "budgets")
+    async with served() as (p, accounts), p.client("admin") as admin:
+        for i in range(120):
+            before = accounts.store.list_keys()
+            body: object
+            if rng.random() < 0.8:
+                body = {f: _hostile(rng) for f in rng.sample(fields, rng.randint(1, len(fields)))}
+                if rng.random() < 0.5 and isinstance(body, dict):
+                    body["tenant"] = "team"
+            else:
+                body = _hostile(rng)
+            r = await admin.post("/admin/keys", json=body)
+            assert r.status_code in (201, 400), (seed, i, body, r.text)
+            if r.status_code != 201:
+                assert accounts.store.list_keys() == before, (seed, i, body)
+            query = {
+                k: str(_hostile(rng))[:300] for k in rng.sample(["since", "by", "tenant", "key", "q"], 2)
+            }
+            u = await admin.get("/admin/usage", params=query)
+            assert u.status_code in (200, 400), (seed, i, query, u.text)
+            d = await admin.delete(f"/admin/keys/{quote(str(_hostile(rng))[:40], safe='')}")
+            assert d.status_code in (200, 404, 405), (seed, i, d.text)
+        assert (await admin.get("/admin/keys")).status_code == 200
+    assert not [rec for rec in caplog.records if rec.exc_info or "Traceback" in rec.getMessage()]
