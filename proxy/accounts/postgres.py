@@ -47,12 +47,7 @@ from proxy.accounts.store import StoreError
 CONNECT_TIMEOUT_S = 5
 # pg_advisory_xact_lock's key for "llamagate migrates this database": any constant of our own ("llgt").
 _MIGRATION_LOCK = 0x6C6C6774
-URL_SCHEMES = ("postgresql://", "postgres://")
 _CREDENTIALS = re.compile(r"://[^@/\s\"]*@")
-
-
-def is_postgres_url(where: str) -> bool:
-    return where.startswith(URL_SCHEMES)
 
 
 def display_url(url: str) -> str:

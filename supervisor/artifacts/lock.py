@@ -87,10 +87,6 @@ class Lock:
     reference: Reference | None
     digest: str
 
-    @property
-    def short_commit(self) -> str:
-        return self.commit[:7]
-
 
 def load_lock(path: Path) -> Lock:
     try:

@@ -1,10 +1,13 @@
 """The options and the target of a command that calls a running daemon's admin routes (``llamagate
-models``, ``llamagate requests``): one set of flags, one way to find the URL and the key."""
+models``, ``llamagate requests``): one set of flags, one way to find the URL and the key, one call."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
+
+import httpx
 
 from supervisor.commands.config import add_config_argument
 from supervisor.commands.status import KEY_ENV, add_url_argument, default_url, normalize_url
@@ -27,3 +30,29 @@ def admin_target(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     if not key:
         raise UsageError(f"an admin key is needed: --key KEY or ${KEY_ENV}")
     return normalize_url(args.url or default_url(args)), {"Authorization": f"Bearer {key}"}
+
+
+def request(args: argparse.Namespace, method: str, path: str) -> tuple[int, Any]:
+    """Call the daemon's admin route: (0, its JSON answer) for a 200, else (the command's exit status,
+    None) once what went wrong is printed: 2 for a daemon that cannot be reached or a key it refuses, 1
+    for any other refusal (its message)."""
+    url, headers = admin_target(args)
+    with httpx.Client(timeout=args.timeout, trust_env=False) as client:
+        try:
+            response = client.request(method, f"{url}{path}", headers=headers)
+            body: Any = response.json()
+        except httpx.HTTPError as exc:
+            print(f"unreachable: {url}: {type(exc).__name__}: {exc}")
+            return 2, None
+        except ValueError:
+            status = response.status_code
+            print(f"unreachable: {url}{path} did not answer JSON (HTTP {status}); is this llamagate?")
+            return 2, None
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    if response.status_code in (401, 403):
+        print(f"refused: {error.get('message') or response.status_code} (--key must be an admin key)")
+        return 2, None
+    if response.status_code != 200:
+        print(f"refused (HTTP {response.status_code}): {error.get('message') or body}")
+        return 1, None
+    return 0, body

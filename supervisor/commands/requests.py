@@ -10,9 +10,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from supervisor.commands.admin_client import add_admin_arguments, admin_target
+from supervisor.commands.admin_client import add_admin_arguments, request
 from supervisor.errors import UsageError
 
 
@@ -34,31 +32,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _requests(args: argparse.Namespace) -> int:
     if args.cancel is not None and not args.cancel.strip():
         raise UsageError("--cancel needs a request id (the X-Request-ID that `llamagate requests` lists)")
-    url, headers = admin_target(args)
     if args.cancel is None:
         method, path = "GET", "/admin/requests"
     else:
         method, path = "DELETE", f"/admin/requests/{quote(args.cancel.strip(), safe='')}"
-    with httpx.Client(timeout=args.timeout, trust_env=False) as client:
-        try:
-            response = client.request(method, f"{url}{path}", headers=headers)
-            body: Any = response.json()
-        except httpx.HTTPError as exc:
-            print(f"unreachable: {url}: {type(exc).__name__}: {exc}")
-            return 2
-        except ValueError:
-            print(
-                f"unreachable: {url}{path} did not answer JSON (HTTP {response.status_code});"
-                " is this llamagate?"
-            )
-            return 2
-    error = body.get("error", {}) if isinstance(body, dict) else {}
-    if response.status_code in (401, 403):
-        print(f"refused: {error.get('message') or response.status_code} (--key must be an admin key)")
-        return 2
-    if response.status_code != 200:
-        print(f"refused (HTTP {response.status_code}): {error.get('message') or body}")
-        return 1
+    status, body = request(args, method, path)
+    if status:
+        return status
     if args.json:
         print(json.dumps(body, indent=2))
         return 0

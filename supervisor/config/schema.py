@@ -3,8 +3,8 @@
 Every field carries its documentation and its range check in ``metadata`` (see ``setting``), so the
 loader (``load.py``) validates generically and ``docs/configuration.md`` is checked against the
 same source. The defaults are the embedded default: a daemon started with no config file at all.
-Keep ``/work/coord/CONFIG_SCHEMA.md`` and ``docs/configuration.md`` in sync with this file (a unit
-test fails when a key is missing from the reference).
+Keep ``docs/configuration.md`` in sync with this file (a unit test fails when a key is missing from the
+reference).
 """
 
 # ruff: noqa: RUF009 - setting()/section() return dataclasses.field(...), which ruff cannot see through

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from supervisor.child.machine import Machine, State
 
-# Failure causes the state machine records (process.Machine._fail); listed so that every cause is
+# Failure causes the state machine records (child.machine.Machine._fail); listed so that every cause is
 # exported from the start at 0 and ``increase()`` sees the first failure of each.
 FAILURE_CAUSES = ("spawn", "load_exit", "load_timeout", "load_stalled", "gate", "exit", "unhealthy")
 # Digest prefixes are enough to tell builds and models apart on a dashboard without a 64-char label.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -92,7 +93,10 @@ class Notifier:
         return self.send("STOPPING=1", *_status_line(status))
 
     def reloading(self, status: str | None = None) -> bool:
-        return self.send("RELOADING=1", *_status_line(status))
+        """A reload begins (SIGHUP). ``MONOTONIC_USEC`` is what systemd's ``Type=notify-reload``
+        requires beside it (sd_notify(3)); ``Type=notify`` accepts it as well."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", *_status_line(status))
 
     def status(self, text: str) -> bool:
         return self.send(*_status_line(text))
@@ -219,6 +223,21 @@ class SystemdReporter:
             return
         self._stopping = True
         self.notifier.stopping(f"STOPPING: {reason}")
+
+    def on_reload(self) -> None:
+        """A SIGHUP reload begins: RELOADING=1, so ``systemctl reload`` waits for it to end."""
+        if not self._stopping:
+            self.notifier.reloading("reloading the configuration")
+
+    def on_reloaded(self, outcome: str) -> None:
+        """The reload ended (applied or rejected: the daemon serves either way): READY=1 again, once it
+        had been ready before, with the outcome as STATUS."""
+        if self._stopping:
+            return
+        if self._ready_sent:
+            self.notifier.ready(f"reload: {outcome}")
+        else:
+            self.notifier.status(f"reload: {outcome}")
 
     def close(self) -> None:
         self.notifier.close()

@@ -354,6 +354,8 @@ class Daemon:
         while True:
             await self._hup.wait()
             self._hup.clear()
+            # systemd hears when a reload begins and ends (``systemctl reload`` waits for READY=1).
+            self.reporter.on_reload()
             try:
                 await self.reload()
             except LlamagateError as exc:
@@ -364,6 +366,8 @@ class Daemon:
                 # Whatever went wrong, the next SIGHUP must still be served.
                 log.exception("SIGHUP: reload failed, still serving the previous settings")
                 self._outcome(f"reload failed (see the daemon's log); {_KEPT}")
+            finally:
+                self.reporter.on_reloaded(self.models.last_reload or "nothing to reload")
 
     # --- SIGHUP --------------------------------------------------------------------------------------
     async def reload(self) -> None:

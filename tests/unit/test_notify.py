@@ -226,3 +226,28 @@ def test_attach_without_systemd_adds_no_watchdog() -> None:
     reporter.on_proxy_listening()
     reporter.on_shutdown()
     reporter.close()
+
+
+def test_a_sighup_reload_is_reloading_then_ready_again(path_listener: tuple[Listener, Notifier]) -> None:
+    """sd_notify(3): RELOADING=1 with MONOTONIC_USEC when a reload begins, READY=1 when it is done (the
+    daemon serves after a rejected reload as well); nothing claims readiness before the first READY."""
+    listener, notifier = path_listener
+    reporter = SystemdReporter(notifier)
+    reporter.on_reload()
+    reporter.on_reloaded("applied")
+    first, second = listener.messages()
+    assert first.startswith("RELOADING=1\nMONOTONIC_USEC=") and second == "STATUS=reload: applied"
+    reporter.on_state_change("STARTING", "READY", None)
+    reporter.on_proxy_listening()
+    listener.messages()
+    reporter.on_reload()
+    reporter.on_reloaded("reload rejected: no room")
+    reloading, ready = listener.messages()
+    lines = reloading.split("\n")
+    assert lines[0] == "RELOADING=1" and int(lines[1].removeprefix("MONOTONIC_USEC=")) > 0
+    assert ready == "READY=1\nSTATUS=reload: reload rejected: no room"
+    reporter.on_shutdown()
+    listener.messages()
+    reporter.on_reload()
+    reporter.on_reloaded("applied")
+    assert listener.messages() == []
