@@ -32,6 +32,7 @@ refuses, so a 429 carries them too.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +42,8 @@ from typing import Protocol
 from proxy.admission.gate import Admission, Permit
 from proxy.asgi.context import RequestContext
 from proxy.settings import BudgetSettings, TenantSettings
+
+_log = logging.getLogger("llamagate.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,4 +191,9 @@ def _close(grant: Grant) -> None:
         grant.permit.release()  # at once, unless the request released it itself (with its linger)
     spent = grant.spent
     for hold in reversed(grant.holds):
-        hold.close(spent)
+        # Each hold is closed whatever another one does: a total or a lease left held would refuse the
+        # tenant's later requests for good (or for a lease's TTL).
+        try:
+            hold.close(spent)
+        except Exception:
+            _log.exception("admission: closing a hold failed; the request's other holds are closed")
