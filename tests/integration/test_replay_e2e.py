@@ -64,15 +64,27 @@ def kill_child(d: Daemon) -> int:
 
 
 def log_after_kill(d: Daemon, generation: int) -> tuple[int, list[dict[str, Any]]]:
-    """The index in the daemon's log of the next child's READY, and the chat access-log lines."""
+    """The index in the daemon's log of the next child's READY, and the chat access-log lines, once both
+    are there: the access line is written when the request's handling ends, which may be a moment after
+    the client has read the answer's last byte (a run on a busy host read the log before it)."""
+
+    def found() -> bool:
+        records = d.log_records()
+        readies = [r for r in records if r.get("to") == "READY" and int(r.get("generation", 0)) > generation]
+        return bool(readies) and any(_is_chat_access(r) for r in records)
+
+    wait_until(found, "the next child's READY and the request's access line in the log")
     records = d.log_records()
     ready = next(
         i
         for i, r in enumerate(records)
         if r.get("to") == "READY" and int(r.get("generation", 0)) > generation
     )
-    lines = [r for r in records if r.get("logger") == "llamagate.access" and r.get("route") == ROUTE]
-    return ready, lines
+    return ready, [r for r in records if _is_chat_access(r)]
+
+
+def _is_chat_access(record: dict[str, Any]) -> bool:
+    return record.get("logger") == "llamagate.access" and record.get("route") == ROUTE
 
 
 def test_a_non_streamed_request_whose_child_is_killed_gets_its_whole_answer_from_the_next_child(
