@@ -1,18 +1,19 @@
 """One admission pipeline: every limit a generation request passes, behind one interface.
 
-A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, deadline)
-and handed to each limit in turn. Each limit is a ``Step``: ``take(ask, grant)`` returns a ``Hold`` or
-raises the refusal (429 or 503) that names the limit; a step that waits (a queue, a lease) waits at
-most what the request has left of its wait. Every hold is closed exactly once: ``close(spent)`` charges
-what the request used (``Spent``: its tokens), ``close(None)`` gives the hold back. A hold that does not
-count tokens (a slot, a lease, a tenant's total) treats both the same.
+A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, and what it
+has waited so far) and handed to each limit in turn. Each limit is a ``Step``: ``take(ask, grant)``
+returns a ``Hold`` or raises the refusal (429 or 503) that names the limit; a step that waits (a queue, a
+lease) waits at most what the request has left of its wait. Every hold is closed exactly once:
+``close(spent)`` charges what the request used (``Spent``: its tokens), ``close(None)`` gives the hold
+back. A hold that does not count tokens (a slot, a lease, a tenant's total) treats both the same.
 
 The steps, in the order a request meets them (cheapest refusal first, and nothing that holds a slot
 while it waits for something else):
 
 1. the budgets kept by this replica (``proxy.admission.budgets``: a store's, or in memory without one);
 2. with ``cluster.redis_url``, the same budgets as every replica counts them together in Redis
-   (``proxy.cluster.steps``);
+   (``proxy.cluster.steps``); then the request's own check against its child, when its tenant asks
+   for one (the prompt's size: a 400 before any wait);
 3. the tenant's total across models (``proxy.admission.totals``);
 4. the tenant's concurrency: as leases in Redis with ``cluster.redis_url`` (``proxy.cluster.steps``);
 5. the slots of the model's child: its lane's gate (``proxy.admission.gate``), given by the endpoint
@@ -20,9 +21,9 @@ while it waits for something else):
 
 The pipeline is built from the settings by the door's state (``proxy.state``: again on reload), with the
 Redis steps present only when configured; the request path never asks "cluster or not". The endpoint
-enters it once (``async with pipeline.admit(ask, ctx) as grant``); a request run again on the next
-child (a replay) gives its slot back and takes one again (``Grant.retake_slot``): it keeps every other
-hold, so it is neither charged nor counted twice.
+enters it once (``async with pipeline.admit(ask, ctx, gate) as grant``); a request run again on the next
+child (a replay) gives its slot back and takes one again (``Pipeline.retake_slot``): it keeps every
+other hold, so it is neither charged nor counted twice.
 
 What the steps tell the answer goes through the grant: the rate-limit headers of the budgets (the
 cluster-wide figures where there are any, since the Redis step comes after this replica's) and the time
