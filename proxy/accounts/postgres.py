@@ -32,14 +32,13 @@ import contextlib
 import functools
 import re
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import conninfo, errors
 
-from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, migrations, statements
+from proxy.accounts.migrations import Migration, migrations
 from proxy.accounts.records import KeyRecord
 from proxy.accounts.sqlbase import KEYS_VERSION, SELECT_KEYS, SqlStore, key_of, pg_placeholders
 from proxy.accounts.store import StoreError
@@ -222,22 +221,7 @@ class PostgresStore(SqlStore):
                     f"{self._where}: a database that is not a llamagate store (no schema_version table; "
                     f"tables: {shown}): give llamagate a database (or a schema) of its own"
                 )
-            conn.execute(SCHEMA_VERSION_TABLE)
-            found = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
-            have = int(found[0]) if found is not None else 0
-            if have > len(known):
-                raise StoreError(
-                    f"{self._where}: schema version {have} was written by a newer llamagate (this one knows "
-                    f"up to {len(known)}): upgrade llamagate, or restore a backup made by this version"
-                )
-            for m in known[have:]:
-                for statement in statements(m.sql):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_version (version, name, applied) VALUES (?, ?, ?)",
-                    (m.version, m.name, time.time()),
-                )
-            return max(have, len(known))
+            return self._apply(conn, known)
 
     def schema_version(self) -> int:
         return int(self._read("read the schema version", "SELECT MAX(version) FROM schema_version")[0][0])

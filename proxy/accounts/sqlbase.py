@@ -16,9 +16,11 @@ PostgreSQL, so every number read here goes through ``int`` or ``float``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, statements
 from proxy.accounts.records import Batch, GroupBy, KeyRecord, LedgerRow, UsageRecord, UsageRow, WindowEntry
 from proxy.accounts.store import StoreError
 from proxy.settings import BudgetSettings, Scope
@@ -166,6 +168,18 @@ def hourly_sums(usage: Sequence[LedgerRow]) -> list[tuple[Any, ...]]:
     return [(*group, *(int(v) for v in sums[:5]), sums[5]) for group, sums in hourly.items()]
 
 
+def _where(*conditions: tuple[str, object | None]) -> tuple[str, tuple[object, ...]]:
+    """A WHERE clause and its arguments from (column and operator, value) pairs, each kept when its value
+    is given: ``("tenant", "a")`` is ``tenant = ?``, ``("at >=", t)`` is ``at >= ?``. The columns and
+    operators are this module's own text; only the values are the caller's, and they go as arguments."""
+    where, args = ["1 = 1"], []
+    for test, value in conditions:
+        if value is not None:
+            where.append(f"{test} ?" if " " in test else f"{test} = ?")
+            args.append(value)
+    return " AND ".join(where), tuple(args)
+
+
 class SqlStore:
     """The ``Store`` methods both engines run the same way. A subclass sets ``where`` and implements
     ``_tx``, ``_read``, ``_is_duplicate``, ``_write_usage``, ``key_marker``, ``load_keys`` and ``close``."""
@@ -179,6 +193,27 @@ class SqlStore:
 
     def _read(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
+
+    def _apply(self, conn: Conn, known: Sequence[Migration]) -> int:
+        """In the caller's migration transaction: the ``schema_version`` table, then the migrations the
+        store lacks, each recorded; a store written by a newer llamagate is refused untouched. The
+        version the store is at after."""
+        conn.execute(SCHEMA_VERSION_TABLE)
+        found = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        have = int(found[0]) if found is not None else 0
+        if have > len(known):
+            raise StoreError(
+                f"{self.where}: schema version {have} was written by a newer llamagate (this one knows "
+                f"up to {len(known)}): upgrade llamagate, or restore a backup made by this version"
+            )
+        for m in known[have:]:
+            for statement in statements(m.sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_version (version, name, applied) VALUES (?, ?, ?)",
+                (m.version, m.name, time.time()),
+            )
+        return max(have, len(known))
 
     def _is_duplicate(self, exc: StoreError) -> bool:
         """Whether a failed insert failed on a primary key taken already."""
@@ -301,23 +336,14 @@ class SqlStore:
     ) -> list[UsageRow]:
         """Sums over the hourly rollup; ``since`` counts from the start of its hour (the rollup's grain)."""
         selected, grouped = GROUPS[by]
-        where: list[str] = ["1 = 1"]
-        args: list[object] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if key_id is not None:
-            where.append("key_id = ?")
-            args.append(key_id)
-        if since is not None:
-            where.append("hour >= ?")
-            args.append(int(since // HOUR) * HOUR)
+        hour = None if since is None else int(since // HOUR) * HOUR
+        where, args = _where(("tenant", tenant), ("key_id", key_id), ("hour >=", hour))
         rows = self._read(
             "report usage",
             f"SELECT {selected}, SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens), "  # noqa: S608 - fixed column lists
-            f"SUM(completion_tokens) FROM usage_hourly WHERE {' AND '.join(where)} "
+            f"SUM(completion_tokens) FROM usage_hourly WHERE {where} "
             f"GROUP BY {grouped} ORDER BY {grouped}",
-            tuple(args),
+            args,
         )
         return [
             UsageRow(r[0], r[1], r[2], None if r[3] is None else int(r[3]), *(int(v) for v in r[4:]))
@@ -325,18 +351,11 @@ class SqlStore:
         ]
 
     def usage_records(self, *, tenant: str | None = None, since: float | None = None) -> list[UsageRecord]:
-        where: list[str] = ["1 = 1"]
-        args: list[object] = []
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
+        where, args = _where(("tenant", tenant), ("at >=", since))
         rows = self._read(
             "read usage rows",
-            f"SELECT {USAGE_COLUMNS} FROM usage_events WHERE {' AND '.join(where)} ORDER BY at",  # noqa: S608
-            tuple(args),
+            f"SELECT {USAGE_COLUMNS} FROM usage_events WHERE {where} ORDER BY at",  # noqa: S608
+            args,
         )
         return [
             UsageRecord(

@@ -35,13 +35,12 @@ import os
 import sqlite3
 import stat
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from proxy.accounts.lockfile import DaemonLock
-from proxy.accounts.migrations import SCHEMA_VERSION_TABLE, Migration, migrations, statements
+from proxy.accounts.migrations import Migration, migrations, statements
 from proxy.accounts.records import KeyRecord, LedgerRow
 from proxy.accounts.sqlbase import (
     HOURLY_COLUMNS,
@@ -251,23 +250,10 @@ class SqliteStore(SqlStore):
     def migrate(self, known: tuple[Migration, ...]) -> int:
         """Apply the migrations this file lacks, in one transaction; the version the file is at after."""
         with self._tx("apply the schema") as conn:
-            conn.execute(SCHEMA_VERSION_TABLE)
-            have = int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0])
-            if have > len(known):
-                raise StoreError(
-                    f"{self.path}: schema version {have} was written by a newer llamagate (this one knows "
-                    f"up to {len(known)}): upgrade llamagate, or restore a backup made by this version"
-                )
-            for m in known[have:]:
-                for statement in statements(m.sql):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_version (version, name, applied) VALUES (?, ?, ?)",
-                    (m.version, m.name, time.time()),
-                )
+            version = self._apply(conn, known)
             # Marked only together with its tables: a file left unmarked by a crash is adopted next time.
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            return max(have, len(known))
+            return version
 
     def limit_pages(self, pages: int) -> int:
         """Cap the file at ``pages`` SQLite pages (never below its current size); a write beyond fails
