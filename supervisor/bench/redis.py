@@ -1,13 +1,11 @@
 """A real redis-server for ``llamagate bench scaleout --limits`` and the tests: Debian's binary on a free
 port on loopback, no persistence (``--save '' --appendonly no``), in a folder of its own, tied to this
 process (``child.spawn.popen_tied``: the kernel SIGKILLs it when this process dies, even by SIGKILL).
-``kill`` SIGKILLs it (a crash) and ``start`` again brings it back on the same port, empty, as a crashed
-Redis comes back."""
+The tests' crash controls (kill, restart) are theirs: ``tests/helpers/redis_server.py``."""
 
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -56,16 +54,6 @@ class RedisServer:
                 raise StartupError(f"redis-server did not listen on {self.port} within {START_TIMEOUT_S:g} s")
             time.sleep(0.02)
         return self
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash: no shutdown, no goodbye to clients."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -12,21 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from supervisor.config.schema import Config, ModelConfig, ServedModelConfig
+from supervisor.launch.knobs import KNOBS
 
 # Fields of a models[] entry that override the llama: section's field of the same name when not null.
-_INHERITED = (
-    "slots",
-    "ctx_per_slot",
-    "threads",
-    "threads_batch",
-    "embeddings",
-    "reranking",
-    "cache_type_k",
-    "cache_type_v",
-    "prompt_cache_mib",
-    "extra_args",
-    "chat_template",
-)
+_INHERITED = tuple(k.name for k in KNOBS if k.per_model)
 
 
 @dataclass(frozen=True)

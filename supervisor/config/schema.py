@@ -13,20 +13,19 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Literal, NewType
+from typing import TYPE_CHECKING, Any, Literal, NewType
 
 from proxy.settings import DEFAULT_PRIORITY
-from supervisor.launch.chat_template import check_chat_template
+from supervisor.checks import Check, at_least, multiple_of_256, positive
+from supervisor.launch.knobs import KNOBS, CacheType, NameOrPath
 
-Check = Callable[[Any], str | None]
-# A built-in name kept as given, or a file path (relative to the config file, like every path).
-NameOrPath = NewType("NameOrPath", str)
+__all__ = ["CacheType", "Check", "NameOrPath", "at_least", "multiple_of_256", "positive"]
+
 # A priority level by name or number, held as its number (``proxy.settings.parse_priority``).
 Priority = NewType("Priority", int)
 
-CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 Scope = Literal["inference", "admin"]
 Residency = Literal["always", "on_demand"]
 LogFormat = Literal["text", "json"]
@@ -45,22 +44,8 @@ def section(factory: Callable[[], Any], doc: str) -> Any:
     return field(default_factory=factory, metadata={"doc": doc, "check": None})
 
 
-def at_least(low: float) -> Check:
-    return lambda v: None if v is None or v >= low else f"must be >= {low:g}"
-
-
-def positive(v: Any) -> str | None:
-    return None if v is None or v > 0 else "must be > 0"
-
-
 def port_number(v: Any) -> str | None:
     return None if 1 <= v <= 65535 else "must be a port number (1-65535)"
-
-
-def multiple_of_256(v: Any) -> str | None:
-    # llama-server pads each slot's context to a multiple of 256; any other value would make the
-    # served n_ctx differ from the configured one and fail the readiness gate.
-    return None if v >= 256 and v % 256 == 0 else "must be a multiple of 256 (>= 256)"
 
 
 def matches(pattern: str, what: str) -> Check:
@@ -187,52 +172,17 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class _LlamaBase:
     lock: Path | None = setting(
         None, "llama-build.lock to build from; null = the checkout's or packaged lock"
     )
     binary: Path | None = setting(None, "explicit llama-server binary; null = the one built from the lock")
     binary_sha256: str | None = setting(None, "expected sha256 of binary (only with binary)", SHA256)
     model: ModelConfig = section(ModelConfig, "the served model")
-    threads: int | None = setting(None, "decode threads (-t); null = physical cores", at_least(1))
-    threads_batch: int | None = setting(None, "prompt threads (-tb); null = same as threads", at_least(1))
-    slots: int = setting(2, "parallel sequences (-np)", at_least(1))
-    ctx_per_slot: int = setting(
-        4096, "context tokens per slot, a multiple of 256; -c is this times slots", multiple_of_256
-    )
-    gpu_layers: int = setting(0, "layers offloaded to a GPU (-ngl); 0 for CPU serving", at_least(0))
-    embeddings: bool = setting(False, "serve /v1/embeddings (--embeddings)")
-    reranking: bool = setting(False, "serve /v1/rerank (--rerank; needs a reranker model)")
-    cache_type_k: CacheType = setting("f16", "KV cache type for K (-ctk)")
-    cache_type_v: CacheType = setting("f16", "KV cache type for V (-ctv)")
-    prompt_cache_mib: int = setting(
-        256,
-        "RAM for llama-server's cache of earlier prompts' states, reused by later requests (--cache-ram);"
-        " in the memory budget; 0 = off",
-        at_least(0),
-    )
-    ctx_checkpoints: int = setting(
-        8,
-        "context checkpoints kept per slot by sliding-window models (--ctx-checkpoints); in the memory"
-        " budget; 0 = off",
-        at_least(0),
-    )
-    extra_args: tuple[str, ...] = setting(
-        (), "appended to the child's argv; flags the supervisor sets itself are refused"
-    )
-    chat_template: NameOrPath | None = setting(
-        None,
-        "chat format: a llama.cpp built-in name (--chat-template NAME --no-jinja) or a Jinja template file"
-        " (--chat-template-file); null = the GGUF's own template, and gemma for the demo model",
-        check_chat_template,
-    )
 
 
 @dataclass(frozen=True)
-class ServedModelConfig:
-    """One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
-    also names the binary every child runs."""
-
+class _ServedModelBase:
     name: str = setting("", "model id clients send in 'model' (the child's --alias); required", NAME)
     aliases: tuple[str, ...] = setting((), "other names accepted for this model")
     path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
@@ -251,23 +201,56 @@ class ServedModelConfig:
     preload: bool = setting(
         False, "on_demand: also loaded when the daemon starts (then unloaded when idle, or by an operator)"
     )
-    slots: int | None = setting(None, "parallel sequences (-np); null = llama.slots", at_least(1))
-    ctx_per_slot: int | None = setting(
-        None, "context tokens per slot, a multiple of 256; null = llama.ctx_per_slot", multiple_of_256
-    )
-    threads: int | None = setting(None, "decode threads (-t); null = llama.threads", at_least(1))
-    threads_batch: int | None = setting(None, "prompt threads (-tb); null = llama.threads_batch", at_least(1))
-    embeddings: bool | None = setting(None, "serve /v1/embeddings; null = llama.embeddings")
-    reranking: bool | None = setting(None, "serve /v1/rerank; null = llama.reranking")
-    cache_type_k: CacheType | None = setting(None, "KV cache type for K; null = llama.cache_type_k")
-    cache_type_v: CacheType | None = setting(None, "KV cache type for V; null = llama.cache_type_v")
-    prompt_cache_mib: int | None = setting(None, "--cache-ram; null = llama.prompt_cache_mib", at_least(0))
-    extra_args: tuple[str, ...] | None = setting(
-        None, "appended to this child's argv; null = llama.extra_args"
-    )
-    chat_template: NameOrPath | None = setting(
-        None, "built-in name or template file; null = llama.chat_template", check_chat_template
-    )
+
+
+def _with_knobs(name: str, base: type, per_model: bool) -> type:
+    """``base`` plus a field per llama-server knob (``launch/knobs.py``): the knob's own field for the
+    ``llama:`` section; for a ``models[]`` entry, each knob a model may set, null meaning inherit."""
+    fields: list[tuple[str, Any, Any]] = []
+    for k in KNOBS:
+        if not per_model:
+            fields.append((k.name, k.type, setting(k.default, k.doc, k.check)))
+        elif k.per_model:
+            doc = f"this model's llama.{k.name}; null = llama.{k.name}"
+            fields.append((k.name, k.type | None, setting(None, doc, k.check)))
+    cls = make_dataclass(name, fields, bases=(base,), frozen=True)
+    cls.__module__, cls.__doc__ = __name__, base.__doc__  # (make_dataclass's module= is 3.12's)
+    return cls
+
+
+if TYPE_CHECKING:
+
+    class LlamaConfig(_LlamaBase):
+        """The type checker's view: the knobs code reads by name (held to ``KNOBS`` by a test)."""
+
+        threads: int | None
+        threads_batch: int | None
+        slots: int
+        ctx_per_slot: int
+        gpu_layers: int
+        embeddings: bool
+        reranking: bool
+        cache_type_k: CacheType
+        cache_type_v: CacheType
+        prompt_cache_mib: int
+        ctx_checkpoints: int
+        extra_args: tuple[str, ...]
+        chat_template: NameOrPath | None
+
+        def __init__(self, **values: Any) -> None: ...
+
+    class ServedModelConfig(_ServedModelBase):
+        """The type checker's view: the fields ``config/models.py`` and the rules read by name."""
+
+        extra_args: tuple[str, ...] | None
+
+        def __init__(self, **values: Any) -> None: ...
+
+else:
+    LlamaConfig = _with_knobs("LlamaConfig", _LlamaBase, per_model=False)
+    # One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
+    # also names the binary every child runs.
+    ServedModelConfig = _with_knobs("ServedModelConfig", _ServedModelBase, per_model=True)
 
 
 @dataclass(frozen=True)

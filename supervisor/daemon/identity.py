@@ -71,36 +71,17 @@ def served_identity(
     model_size: int,
     model_sha256: str,
     alias: str,
-    threads: int,
-    threads_batch: int,
-    slots: int,
-    ctx_per_slot: int,
-    cache_type_k: str = "f16",
-    cache_type_v: str = "f16",
-    gpu_layers: int = 0,
-    extra_args: tuple[str, ...] = (),
+    serving: Mapping[str, object],
     host: Mapping[str, object] | None = None,
-    prompt_cache_mib: int | None = None,
-    ctx_checkpoints: int | None = None,
 ) -> dict[str, object]:
     """Everything needed to say what a number was measured on. ``build`` is the build receipt's
-    facts (llama.cpp commit, build info, cmake args, compiler); None for a binary we did not build."""
+    facts (llama.cpp commit, build info, cmake args, compiler); None for a binary we did not build.
+    ``serving``: the child's knobs (``prepare.serving_record``: threads, slots, context, caches...)."""
     return {
         "llama_cpp": dict(build) if build is not None else {"source": "external binary (no receipt)"},
         "binary": {"path": str(binary), "sha256": binary_sha256},
         "model": {"path": str(model), "size_bytes": model_size, "sha256": model_sha256, "alias": alias},
-        "serving": {
-            "threads": threads,
-            "threads_batch": threads_batch,
-            "slots": slots,
-            "ctx_per_slot": ctx_per_slot,
-            "cache_type_k": cache_type_k,
-            "cache_type_v": cache_type_v,
-            "gpu_layers": gpu_layers,
-            "extra_args": list(extra_args),
-            "prompt_cache_mib": prompt_cache_mib,
-            "ctx_checkpoints": ctx_checkpoints,
-        },
+        "serving": dict(serving),
         "host": dict(host) if host is not None else host_identity(),
     }
 

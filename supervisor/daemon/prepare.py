@@ -29,6 +29,7 @@ from supervisor.config.schema import Config
 from supervisor.daemon.identity import host_identity, served_identity
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
 from supervisor.launch.flags import LaunchSpec, budget_flags
+from supervisor.launch.knobs import KNOBS
 from supervisor.paths import default_lock_path
 from supervisor.progress import Progress
 
@@ -180,27 +181,14 @@ def budget_for(
 
 
 def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
+    """Every knob as the llama: section sets it, with the two that default to the host resolved and
+    the demo model's template chosen."""
     llama = cfg.llama
-    threads = llama.threads or default_threads()
-    return LaunchSpec(
-        binary=binary.path,
-        model=model.path,
-        alias=llama.model.alias,
-        port=0,
-        threads=threads,
-        threads_batch=llama.threads_batch or threads,
-        slots=llama.slots,
-        ctx_per_slot=llama.ctx_per_slot,
-        gpu_layers=llama.gpu_layers,
-        embeddings=llama.embeddings,
-        cache_type_k=llama.cache_type_k,
-        cache_type_v=llama.cache_type_v,
-        extra_args=llama.extra_args,
-        prompt_cache_mib=llama.prompt_cache_mib,
-        ctx_checkpoints=llama.ctx_checkpoints,
-        chat_template=chat_template_for(cfg),
-        reranking=llama.reranking,
-    )
+    values = {k.name: getattr(llama, k.name) for k in KNOBS}
+    values["threads"] = llama.threads or default_threads()
+    values["threads_batch"] = llama.threads_batch or values["threads"]
+    values["chat_template"] = chat_template_for(cfg)
+    return LaunchSpec(binary.path, model.path, llama.model.alias, 0, **values)
 
 
 def chat_template_for(cfg: Config) -> str | None:
@@ -223,18 +211,19 @@ def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, ob
         model_size=model.size,
         model_sha256=model.sha256,
         alias=spec.alias,
-        threads=spec.threads,
-        threads_batch=spec.threads_batch,
-        slots=spec.slots,
-        ctx_per_slot=spec.ctx_per_slot,
-        cache_type_k=spec.cache_type_k,
-        cache_type_v=spec.cache_type_v,
-        gpu_layers=spec.gpu_layers,
-        extra_args=spec.extra_args,
+        serving=serving_record(spec),
         host=host_identity(),
-        prompt_cache_mib=spec.prompt_cache_mib,
-        ctx_checkpoints=spec.ctx_checkpoints,
     )
+
+
+def serving_record(spec: LaunchSpec) -> dict[str, object]:
+    """The identity's ``serving`` part: every knob marked as identity, as plain JSON values."""
+    record: dict[str, object] = {}
+    for k in KNOBS:
+        if k.identity:
+            value = getattr(spec, k.name)
+            record[k.name] = list(value) if isinstance(value, tuple) else value
+    return record
 
 
 def prepare(

@@ -1,7 +1,8 @@
 """The child's argv and environment, from one declarative table.
 
 Every flag the supervisor sets is a row of ``FLAGS``: its spellings (the first is what we pass; all of
-them are refused in ``llama.extra_args``) and how its value comes from the ``LaunchSpec``. Flags we
+them are refused in ``llama.extra_args``) and how its value comes from the ``LaunchSpec``. The rows
+every child has are here; the knobs' rows, and the spec's fields, come from ``knobs.KNOBS``. Flags we
 never pass but that would undo a guarantee are in ``REFUSED`` with the reason, so config validation
 can say why. Everything is explicit because llama-server's own defaults ("auto" slots, auto GPU
 layers, the web UI) are not what a supervised service wants.
@@ -10,83 +11,61 @@ layers, the web UI) are not what a supervised service wants.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import field, make_dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from supervisor.launch.chat_template import is_builtin
+from supervisor.launch import knobs
+from supervisor.launch.knobs import Flag
 
 # Only the child's loopback address: the proxy is the only door.
 CHILD_HOST = "127.0.0.1"
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
-    binary: Path
-    model: Path
-    alias: str
-    port: int
-    threads: int
-    threads_batch: int
-    slots: int
-    ctx_per_slot: int
-    gpu_layers: int = 0
-    embeddings: bool = False
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    extra_args: tuple[str, ...] = ()
-    prompt_cache_mib: int = 256
-    ctx_checkpoints: int = 8
-    reranking: bool = False
-    chat_template: str | None = None  # checked: a built-in name or a readable file (chat_template.py)
+if TYPE_CHECKING:
 
+    class LaunchSpec:
+        """What the type checker knows of the spec: the fixed fields and the knobs code reads by name
+        (tests/unit/test_knobs.py holds these to ``KNOBS``). At run time it is built from the table."""
 
-def _template_name(s: LaunchSpec) -> str | None:
-    return s.chat_template if s.chat_template is not None and is_builtin(s.chat_template) else None
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+        binary: Path
+        model: Path
+        alias: str
+        port: int
+        threads: int
+        threads_batch: int
+        slots: int
+        ctx_per_slot: int
+        gpu_layers: int
+        embeddings: bool
+        reranking: bool
+        extra_args: tuple[str, ...]
+        chat_template: str | None
 
+        def __init__(self, binary: Path, model: Path, alias: str, port: int, *a: Any, **kw: Any) -> None: ...
 
-def _template_file(s: LaunchSpec) -> str | None:
-    return s.chat_template if s.chat_template is not None and not is_builtin(s.chat_template) else None
-
-
-# A value of None leaves the flag out; True passes it bare.
-Value = Callable[[LaunchSpec], str | bool | None]
-
-
-@dataclass(frozen=True)
-class Flag:
-    names: tuple[str, ...]
-    value: Value
-
+else:
+    # One field per knob, in the table's order, after what every child has: threads, threads_batch,
+    # slots, ctx_per_slot stay the first four (callers pass them by position). prepare.launch_spec
+    # fills it from the llama: section with threads resolved and the demo model's template chosen.
+    LaunchSpec = make_dataclass(
+        "LaunchSpec",
+        [("binary", Path), ("model", Path), ("alias", str), ("port", int)]
+        + [(k.name, k.type, field(default=k.default)) for k in knobs.KNOBS],
+        frozen=True,
+    )
+    LaunchSpec.__module__ = __name__
 
 FLAGS: tuple[Flag, ...] = (
     # Always -m: without it llama-server starts in router mode instead of failing.
     Flag(("-m", "--model"), lambda s: str(s.model)),
     Flag(("--host",), lambda s: CHILD_HOST),
     Flag(("--port",), lambda s: str(s.port)),
-    # -c is the TOTAL context; with -np explicit each slot gets c / np (LLAMA_SERVER.md).
-    Flag(("-c", "--ctx-size"), lambda s: str(s.ctx_per_slot * s.slots)),
-    # Never leave -np unset: "auto" means 4 slots sharing one unified pool.
-    Flag(("-np", "--parallel"), lambda s: str(s.slots)),
-    Flag(("-t", "--threads"), lambda s: str(s.threads)),
-    Flag(("-tb", "--threads-batch"), lambda s: str(s.threads_batch)),
-    Flag(("-ngl", "--gpu-layers", "--n-gpu-layers"), lambda s: str(s.gpu_layers)),
     Flag(("--metrics",), lambda s: True),
     Flag(("-a", "--alias"), lambda s: s.alias),
     Flag(("--no-ui", "--no-webui", "--ui", "--webui"), lambda s: True),
-    Flag(("--embeddings", "--embedding"), lambda s: True if s.embeddings else None),
-    Flag(("--rerank", "--reranking"), lambda s: True if s.reranking else None),
-    Flag(("-ctk", "--cache-type-k"), lambda s: s.cache_type_k),
-    Flag(("-ctv", "--cache-type-v"), lambda s: s.cache_type_v),
-    # RAM beyond the KV cache that llama-server's defaults leave nearly unbounded (an 8 GiB prompt
-    # cache, 32 checkpoints per slot): set so the memory budget can count it.
-    Flag(("--cache-ram", "-cram"), lambda s: str(s.prompt_cache_mib)),
-    Flag(("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"), lambda s: str(s.ctx_checkpoints)),
-    # llama.chat_template. A built-in name needs --no-jinja: with Jinja on (the default) llama-server
-    # renders the name itself as the template (supervisor/launch/chat_template.py).
-    Flag(("--chat-template",), _template_name),
-    Flag(("--no-jinja", "--jinja"), lambda s: True if _template_name(s) else None),
-    Flag(("--chat-template-file",), _template_file),
+    *(flag for k in knobs.KNOBS for flag in k.flags()),
 )
 
 _VIA_ENV = "the per-boot secret travels in LLAMA_API_KEY, never in argv (visible to every user in ps)"

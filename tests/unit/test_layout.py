@@ -25,7 +25,9 @@ SUPERVISOR: tuple[frozenset[str], ...] = (
     frozenset({"daemon"}),  # the running service
     frozenset({"budget", "artifacts", "child", "config"}),  # what the service is made of
     frozenset({"launch"}),  # the llama-server command line: config checks it, the child runs it
-    frozenset({"supervisor", "errors", "logs", "progress", "paths", "subproc", "interrupts"}),  # helpers
+    frozenset(
+        {"supervisor", "errors", "logs", "progress", "paths", "subproc", "interrupts", "checks"}
+    ),  # helpers
 )
 PROXY: tuple[frozenset[str], ...] = (
     frozenset({"app"}),  # create_app: exact-path dispatch, the layer order

@@ -43,10 +43,7 @@ IDENTITY = served_identity(
     model_size=253_000_000,
     model_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     alias="gemma-3-270m",
-    threads=2,
-    threads_batch=2,
-    slots=2,
-    ctx_per_slot=4096,
+    serving={"threads": 2, "threads_batch": 2, "slots": 2, "ctx_per_slot": 4096},
     host={"cpu_model": "test"},
 )
 
@@ -253,10 +250,7 @@ def test_build_label_fallbacks(build: dict[str, object] | None, expected: str) -
         model_size=1,
         model_sha256="y",
         alias="a",
-        threads=1,
-        threads_batch=1,
-        slots=1,
-        ctx_per_slot=256,
+        serving={"threads": 1, "threads_batch": 1, "slots": 1, "ctx_per_slot": 256},
         host={},
     )
     assert ServedLabels.from_identity(identity).llama_cpp_build == expected

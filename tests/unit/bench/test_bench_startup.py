@@ -18,10 +18,7 @@ IDENTITY = served_identity(
     model_size=1,
     model_sha256="a" * 64,
     alias="m",
-    threads=2,
-    threads_batch=2,
-    slots=2,
-    ctx_per_slot=4096,
+    serving={"threads": 2, "threads_batch": 2, "slots": 2, "ctx_per_slot": 4096},
     host=host_identity(),
 )
 
