@@ -174,6 +174,8 @@ def create_app(
             metrics.observe_answered(ctx.model, ctx.tokens, ctx.ttft_s, ctx.tpot_s)
         if state.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
             write_access_log(ctx, duration_s, method)
+        if ctx.genai is not None and state.telemetry is not None:
+            state.telemetry.record(ctx, duration_s)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -72,6 +72,20 @@ ClusterFallback = Literal["local", "refuse"]
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """OpenTelemetry traces and metrics over OTLP/HTTP (``proxy.telemetry``; the ``otel`` extra).
+    A None field leaves the SDK's own default, or its ``OTEL_*`` environment variable, in force."""
+
+    # Base URL of the collector's OTLP/HTTP receiver; /v1/traces and /v1/metrics are appended.
+    endpoint: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    service_name: str | None = None
+    sampling_ratio: float | None = None
+    resource_attributes: tuple[tuple[str, str], ...] = ()
+    metrics_interval_s: float | None = None
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     """Limits shared by the replicas of one service through Redis (``proxy.cluster``)."""
 
@@ -202,3 +216,5 @@ class ProxySettings:
     store: StoreSettings | None = None
     # Tenant concurrency shared across replicas through Redis (``proxy.cluster``); None: per replica.
     cluster: ClusterSettings | None = None
+    # OpenTelemetry export (``proxy.telemetry``); None: off, and nothing of OpenTelemetry is imported.
+    telemetry: TelemetrySettings | None = None

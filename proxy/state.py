@@ -10,7 +10,8 @@ generation requests queued or running (``inflight``, listed and cancelled by an 
 accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``), the
 budgets requests are charged to (``budgets``: the store's, or kept in memory when tenants have budgets
 and there is no store), and with ``cluster.redis_url`` the limiter that shares tenants' concurrency and
-budgets with the other replicas (``cluster``: ``proxy.cluster``).
+budgets with the other replicas (``cluster``: ``proxy.cluster``), and with ``telemetry:`` the
+OpenTelemetry exporters (``telemetry``: ``proxy.telemetry``).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -20,6 +21,7 @@ models, and ``active``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -42,6 +44,7 @@ from proxy.models.lane import ModelEntry
 from proxy.models.router import ModelRouter
 from proxy.settings import ProxySettings, TenantSettings
 from proxy.source import UpstreamSource
+from proxy.telemetry import start as start_telemetry
 from proxy.upstream.pool import Upstream
 
 
@@ -92,6 +95,8 @@ class ProxyState:
             SharedBudgets(self.cluster, settings.timeouts.total_s) if self.cluster is not None else None
         )
         self.router = ModelRouter(models, settings.tenants)
+        # OpenTelemetry's exporters (``proxy.telemetry``); None: off. Not reloadable: made once.
+        self.telemetry = start_telemetry(settings.telemetry)
         self._apply(settings)
 
     def _apply(self, settings: ProxySettings) -> None:
@@ -165,6 +170,8 @@ class ProxyState:
         await self.upstream.aclose()
         if self.cluster is not None:
             await self.cluster.aclose()
+        if self.telemetry is not None:
+            await asyncio.to_thread(self.telemetry.shutdown)  # the last spans and metrics go out
 
     # --- request-facing ----------------------------------------------------------------------------------
     def track_active(self, delta: int) -> None:

@@ -9,6 +9,44 @@ from __future__ import annotations
 SCOPE_KEY = "llamagate.ctx"
 
 
+class GenAI:
+    """What OpenTelemetry is told of one generation request (``proxy.telemetry``), beside the context:
+    set by the endpoint only when telemetry is on. Figures and names only: never prompt or answer text."""
+
+    __slots__ = (
+        "admit_at",
+        "admitted_at",
+        "finish_reasons",
+        "first_token_s",
+        "operation",
+        "params",
+        "replays",
+        "request_model",
+        "response_id",
+        "traceparent",
+        "tracestate",
+        "usage",
+    )
+
+    def __init__(self, operation: str, traceparent: str | None, tracestate: str | None) -> None:
+        self.operation = operation  # gen_ai.operation.name
+        self.traceparent = traceparent  # the caller's W3C trace context, as sent
+        self.tracestate = tracestate
+        self.params: dict[str, int | float] = {}  # gen_ai.request.* figures the client set
+        # The model as the client named it (a served name or one of its aliases: a name the router
+        # resolved, so a bounded set); the context's ``model`` is the served name that answered.
+        self.request_model: str | None = None
+        self.admit_at: float | None = None  # monotonic: when admission began
+        self.admitted_at: float | None = None  # monotonic: when it ended with a slot
+        # From arrival to the first token of an answer the proxy assembled (the context's ``ttft_s`` is
+        # a stream's, as the client saw it); the spec's time to first token counts both.
+        self.first_token_s: float | None = None
+        self.replays: list[tuple[str, float]] = []  # (reason, monotonic) of each run on another child
+        self.usage: tuple[int, int, int] | None = None  # (prompt, cached, completion) as charged
+        self.response_id: str | None = None
+        self.finish_reasons: tuple[str, ...] = ()
+
+
 class RequestContext:
     """What one request became, filled in as it goes; read once at the end."""
 
@@ -18,6 +56,7 @@ class RequestContext:
         "client_host",
         "content_length",
         "extra_headers",
+        "genai",
         "key_id",
         "model",
         "outcome",
@@ -60,6 +99,8 @@ class RequestContext:
         # of its answer (tokens, time per token, outcome; the usage the ledger charges) is the final
         # attempt's: ``next_attempt`` forgets the dead child's.
         self.attempt = 1
+        # Set by a generation endpoint when OpenTelemetry is on (``GenAI``); None otherwise.
+        self.genai: GenAI | None = None
 
     @property
     def replayed(self) -> bool:

@@ -104,6 +104,12 @@ class Account:
         else:
             used, source = await self._used(relay)
         prompt, cached, completion = used
+        if ctx.genai is not None:  # OpenTelemetry's figures: what the request is charged
+            ctx.genai.usage = used
+            answer = relay.usage.usage if relay.usage is not None and source != "undelivered" else None
+            if answer is not None:
+                ctx.genai.response_id = answer.response_id
+                ctx.genai.finish_reasons = tuple(answer.finish_reasons or ())
         if self._ledger is not None:
             row = LedgerRow(
                 tenant=self._who.tenant,
@@ -179,8 +185,8 @@ NO_ACCOUNT = NoAccount()
 def open_account(
     state: ProxyState, ctx: RequestContext, who: Principal, model: str, kind: str, count_prompt: PromptCount
 ) -> Account | NoAccount:
-    """The account of one request of ``kind`` (its route's) to ``model``; ``NO_ACCOUNT`` without a store
-    or budgets."""
-    if state.accounts is None and not state.budgeted:
+    """The account of one request of ``kind`` (its route's) to ``model``; ``NO_ACCOUNT`` without a store,
+    budgets or telemetry (which reports the usage too)."""
+    if state.accounts is None and not state.budgeted and ctx.genai is None:
         return NO_ACCOUNT
     return Account(state, ctx, who, model, kind, count_prompt)

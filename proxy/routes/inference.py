@@ -74,6 +74,7 @@ from proxy.streams.assemble import AnswerTooLarge, assembled_as
 from proxy.streams.assemble import Kind as AssembledKind
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
+from proxy.telemetry.request import genai_for, read_params
 from proxy.upstream.connection import UpstreamClosed
 
 
@@ -155,6 +156,8 @@ class Inference:
         state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
         req = _Request(ctx, who, state.tenant(who.tenant), send, receive)
+        if state.telemetry is not None:
+            ctx.genai = genai_for(self.spec.kind, scope["headers"])
         asks = asked(scope["headers"])  # None for nearly every request: it asks nothing
         only = state.router.only()
         snap: UpstreamSnapshot | None = None
@@ -165,9 +168,14 @@ class Inference:
             self._servable(only, snap)
         raw = await body.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
         payload = body.parse_object(raw)
+        if ctx.genai is not None:
+            read_params(ctx.genai, payload)
         # The only one when ``snap`` is set; a store key may be limited to some models (``who.models``).
         lane = req.lane = state.router.resolve(payload.get("model"), req.tenant, who.models)
         ctx.model = lane.name
+        if ctx.genai is not None:
+            requested = payload.get("model")
+            ctx.genai.request_model = requested if isinstance(requested, str) and requested else lane.name
         lane.touch()
         if snap is None:
             self._servable(lane, lane.snapshot())
@@ -242,6 +250,8 @@ class Inference:
             state.inflight.add(req.entry)
             try:
                 check = check_prompt if prompt_payload is not None else None
+                if ctx.genai is not None:
+                    ctx.genai.admit_at = time.monotonic()
                 async with (
                     state.admission.admit(ask, ctx, lane.admission, check) as grant,
                     req.account.charging(grant),
@@ -259,6 +269,8 @@ class Inference:
         deadlines = _Deadlines(self.state.settings.timeouts, ctx.started)
         permit = grant.permit
         assert permit is not None
+        if ctx.genai is not None:
+            ctx.genai.admitted_at = time.monotonic()
         while True:
             exchange = Exchange()
             snap: UpstreamSnapshot | None = None
@@ -282,6 +294,8 @@ class Inference:
             waited = time.monotonic()
             until = min(deadlines.first_at, deadlines.total_at) if req.plan.stream else deadlines.total_at
             req.entry.queued()
+            if ctx.genai is not None:
+                ctx.genai.replays.append((replay[1], time.monotonic()))
             await Replay(self.state, lane, ctx).next_child(snap, *replay, until)
             ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
             permit = await self.state.admission.retake_slot(grant)

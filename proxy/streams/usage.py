@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -54,6 +54,21 @@ class Usage:
     # A chat stream without usage: each sequence's latest timings, by choice index (prompt_n, cache_n,
     # predicted_n); ``final`` makes them the usage when no ``usage`` came.
     timings: dict[int, tuple[int, int, int]] | None = None
+    # For OpenTelemetry (``proxy.telemetry``): the answer's id and why each sequence stopped, as the
+    # dialect names it (OpenAI's finish_reason, Anthropic's stop_reason, the native stop_type...). Not
+    # part of a usage's equality: that is its figures.
+    response_id: str | None = field(default=None, compare=False)
+    finish_reasons: list[str] | None = field(default=None, compare=False)
+
+    def finished(self, reason: Any) -> None:
+        if isinstance(reason, str) and reason:
+            if self.finish_reasons is None:
+                self.finish_reasons = []
+            self.finish_reasons.append(reason)
+
+    def answer_id(self, value: Any) -> None:
+        if isinstance(value, str) and value and self.response_id is None:
+            self.response_id = value
 
     def final(self) -> Usage:
         """This usage with the timings made its figures (once: then it is ``reported``)."""
@@ -82,6 +97,11 @@ Reader = Callable[[dict[str, Any], Usage], None]
 
 
 def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
+    usage.answer_id(obj.get("id"))
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict):
+            usage.finished(choice.get("finish_reason"))
     u = obj.get("usage")
     if isinstance(u, dict):
         usage.prompt += _int(u.get("prompt_tokens"))
@@ -91,7 +111,6 @@ def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
         return
     timings = obj.get("timings")
     if isinstance(timings, dict):
-        choices = obj.get("choices")
         first = choices[0] if isinstance(choices, list) and choices else None
         index = first.get("index", 0) if isinstance(first, dict) else 0
         if usage.timings is None:
@@ -105,6 +124,7 @@ def _openai_event(obj: dict[str, Any], usage: Usage) -> None:
 
 def _native_event(obj: dict[str, Any], usage: Usage) -> None:
     if "tokens_evaluated" in obj:
+        usage.finished(obj.get("stop_type"))
         usage.prompt += _int(obj.get("tokens_evaluated"))
         usage.completion += _int(obj.get("tokens_predicted"))
         usage.cached += _int(_dict(obj.get("timings")).get("cache_n"))
@@ -120,10 +140,12 @@ def _responses_usage(u: dict[str, Any], usage: Usage) -> None:
 
 def _responses_event(obj: dict[str, Any], usage: Usage) -> None:
     if obj.get("type") == "response.completed":
-        _responses_usage(_dict(_dict(obj.get("response")).get("usage")), usage)
+        _responses_whole(_dict(obj.get("response")), usage)
 
 
 def _responses_whole(obj: dict[str, Any], usage: Usage) -> None:
+    usage.answer_id(obj.get("id"))
+    usage.finished(obj.get("status"))
     if isinstance(obj.get("usage"), dict):
         _responses_usage(obj["usage"], usage)
 
@@ -140,13 +162,18 @@ def _anthropic_usage(u: dict[str, Any], usage: Usage) -> None:
 def _anthropic_event(obj: dict[str, Any], usage: Usage) -> None:
     kind = obj.get("type")
     if kind == "message_start":
-        _anthropic_usage(_dict(_dict(obj.get("message")).get("usage")), usage)
+        message = _dict(obj.get("message"))
+        usage.answer_id(message.get("id"))
+        _anthropic_usage(_dict(message.get("usage")), usage)
     elif kind == "message_delta":
+        usage.finished(_dict(obj.get("delta")).get("stop_reason"))
         _anthropic_usage(_dict(obj.get("usage")), usage)
         usage.reported = True
 
 
 def _anthropic_whole(obj: dict[str, Any], usage: Usage) -> None:
+    usage.answer_id(obj.get("id"))
+    usage.finished(obj.get("stop_reason"))
     if isinstance(obj.get("usage"), dict):
         _anthropic_usage(obj["usage"], usage)
         usage.reported = True
@@ -161,6 +188,9 @@ _FIGURES = {
     for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "prompt_n", "cache_n", "predicted_n")
 }
 _INDEX = re.compile(rb'"index":(\d+)')
+# A chunk's id and a sequence's finish reason (for OpenTelemetry), read from the same report bytes.
+_ID = re.compile(rb'"id":"([^"\\]{1,200})"')
+_FINISH = re.compile(rb'"finish_reason":"([a-z_]{1,40})"')
 # The timings as llama-server writes them (server_slot_stats::to_json, in its order): cache_n, prompt_n,
 # then predicted_n after the prompt's other figures. Another order is read figure by figure.
 _TIMINGS = re.compile(rb'"timings":\{"cache_n":(\d+),"prompt_n":(\d+),[^}]*?"predicted_n":(\d+)')
@@ -178,6 +208,10 @@ def _figure(pattern: re.Pattern[bytes], event: bytes) -> int:
 
 def _openai_report(event: bytes, usage: Usage) -> None:
     """One event of an OpenAI stream that has a marker: its usage, else its timings (by choice)."""
+    if usage.response_id is None and (found_id := _ID.search(event)) is not None:
+        usage.response_id = found_id.group(1).decode()
+    for reason in _FINISH.finditer(event):
+        usage.finished(reason.group(1).decode())
     if event.find(b'"usage":{') >= 0:  # not ``in``: see ``proxy.streams.openai``
         usage.prompt += _figure(_PROMPT, event)
         usage.completion += _figure(_COMPLETION, event)

@@ -13,10 +13,11 @@ from proxy.settings import (
     Listener,
     ProxySettings,
     StoreSettings,
+    TelemetrySettings,
     TenantSettings,
     Timeouts,
 )
-from supervisor.config.schema import ClusterConfig, Config, StoreConfig
+from supervisor.config.schema import ClusterConfig, Config, StoreConfig, TelemetryConfig
 from supervisor.paths import default_store_path
 
 
@@ -40,6 +41,24 @@ def cluster_settings(cluster: ClusterConfig | None) -> ClusterSettings | None:
         on_redis_error=cluster.on_redis_error,
         lease_ttl_s=cluster.lease_ttl_s,
         socket_timeout_s=cluster.socket_timeout_s,
+    )
+
+
+def _pairs(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``("name=value", ...)`` as pairs (the schema checked each has its ``=``)."""
+    return tuple((name.strip(), value.strip()) for name, _, value in (i.partition("=") for i in items))
+
+
+def telemetry_settings(telemetry: TelemetryConfig | None) -> TelemetrySettings | None:
+    if telemetry is None or not telemetry.enabled:
+        return None
+    return TelemetrySettings(
+        endpoint=telemetry.endpoint,
+        headers=_pairs(telemetry.headers),
+        service_name=telemetry.service_name,
+        sampling_ratio=telemetry.sampling_ratio,
+        resource_attributes=_pairs(telemetry.resource_attributes),
+        metrics_interval_s=telemetry.metrics_interval_s,
     )
 
 
@@ -110,4 +129,5 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         ui=p.ui,
         store=store_settings(cfg.store),
         cluster=cluster_settings(cfg.cluster),
+        telemetry=telemetry_settings(cfg.telemetry),
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 
 from supervisor.config.schema import Config
@@ -18,6 +19,7 @@ def cross_check(cfg: Config) -> list[str]:
         *_proxy(cfg),
         *_store(cfg),
         *_cluster(cfg),
+        *_telemetry(cfg),
     ]
 
 
@@ -131,4 +133,24 @@ def _cluster(cfg: Config) -> list[str]:
     """``cluster:`` without the Redis it is about would silently be per-replica limits."""
     if cfg.cluster is not None and not cfg.cluster.redis_url:
         return ["cluster.redis_url: required (redis://host:port/db) when cluster is set; or remove cluster"]
+    return []
+
+
+# What the otel extra installs; ``telemetry:`` without it would fail only when the proxy starts.
+_OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+
+def _telemetry(cfg: Config) -> list[str]:
+    if cfg.telemetry is None or not cfg.telemetry.enabled:
+        return []
+    try:
+        missing = [m for m in _OTEL_MODULES if importlib.util.find_spec(m) is None]
+    except ModuleNotFoundError:  # a parent package is missing
+        missing = list(_OTEL_MODULES)
+    if missing:
+        return [
+            "telemetry: needs the otel extra (pip install 'llamagate[otel]'): "
+            + ", ".join(missing)
+            + " not installed; or remove telemetry"
+        ]
     return []

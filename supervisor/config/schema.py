@@ -369,6 +369,43 @@ class ClusterConfig:
     socket_timeout_s: float = setting(1.0, "longest wait for one Redis connect or answer", positive)
 
 
+def name_value_pairs(v: Any) -> str | None:
+    bad = [item for item in v if "=" not in item or not item.partition("=")[0].strip()]
+    return f"each item must be 'name=value', not {bad[0]!r}" if bad else None
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    enabled: bool = setting(
+        True, "export traces and metrics (needs the otel extra: pip install 'llamagate[otel]')"
+    )
+    endpoint: str | None = setting(
+        None,
+        "the collector's OTLP/HTTP base URL (/v1/traces, /v1/metrics appended); null ="
+        " OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318",
+        matches(r"https?://\S+", "an http:// or https:// URL"),
+    )
+    headers: tuple[str, ...] = setting(
+        (),
+        "'name=value' headers of every export (a collector's key: use ${VAR});"
+        " also OTEL_EXPORTER_OTLP_HEADERS",
+        name_value_pairs,
+    )
+    service_name: str | None = setting(None, "service.name; null = OTEL_SERVICE_NAME, else llamagate")
+    sampling_ratio: float | None = setting(
+        None,
+        "share of new traces sampled (0-1; a request with a traceparent follows its caller's decision);"
+        " null = OTEL_TRACES_SAMPLER, else every trace",
+        lambda v: None if v is None or 0.0 <= v <= 1.0 else "must be between 0 and 1",
+    )
+    resource_attributes: tuple[str, ...] = setting(
+        (), "'name=value' resource attributes (beside OTEL_RESOURCE_ATTRIBUTES)", name_value_pairs
+    )
+    metrics_interval_s: float | None = setting(
+        None, "seconds between metric exports; null = OTEL_METRIC_EXPORT_INTERVAL, else 60", positive
+    )
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     format: LogFormat = setting("text", "text or json (JSON lines); --log-format on the command line wins")
@@ -399,4 +436,7 @@ class Config:
     )
     cluster: ClusterConfig | None = setting(
         None, "tenant concurrency shared by replicas through Redis; null = each replica its own"
+    )
+    telemetry: TelemetryConfig | None = setting(
+        None, "OpenTelemetry traces and metrics over OTLP/HTTP (the otel extra); null = off"
     )

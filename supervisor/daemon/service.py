@@ -548,8 +548,8 @@ def _entry(served: ServedModel) -> tuple[object, ...]:
 
 
 def _keep_fixed(old: Config, new: Config) -> Config:
-    """``new`` with what a reload cannot change (the listeners, logging, the store, the cluster) as it is
-    now, and a warning."""
+    """``new`` with what a reload cannot change (the listeners, logging, the store, the cluster, the
+    telemetry) as it is now, and a warning."""
     fixed = []
     if (old.proxy.host, old.proxy.port, old.proxy.metrics_listener) != (
         new.proxy.host,
@@ -563,6 +563,8 @@ def _keep_fixed(old: Config, new: Config) -> Config:
         fixed.append("store")
     if old.cluster != new.cluster:
         fixed.append("cluster")  # the Redis connection is made once (``proxy.cluster``)
+    if old.telemetry != new.telemetry:
+        fixed.append("telemetry")  # the exporters are made once (``proxy.telemetry``)
     if not fixed:
         return new
     log.warning(f"SIGHUP: {', '.join(fixed)} take effect at the next daemon start; keeping the current ones")
@@ -570,6 +572,7 @@ def _keep_fixed(old: Config, new: Config) -> Config:
         new,
         store=old.store,
         cluster=old.cluster,
+        telemetry=old.telemetry,
         proxy=replace(
             new.proxy, host=old.proxy.host, port=old.proxy.port, metrics_listener=old.proxy.metrics_listener
         ),

@@ -15,6 +15,8 @@ Phases (targets from issue 4, for a 2-core host):
           against off (at most 30 % more, issue 38: a regression alarm, not a design target): two
           proxies in front of one fake, alternating rounds of the closed-loop throughput run,
           non-streamed and streamed
+  telemetry  the same with OpenTelemetry exporting to a real OTLP/HTTP receiver against off: the added
+          CPU per request, recorded (no target; issue 42)
 
 ``--store`` runs the fake phase's proxy with the store on.
 
@@ -67,7 +69,9 @@ TTFT_GATE_S = 1.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--phases", default="fake,model", help="comma list of: fake, model, accounts (default fake,model)"
+        "--phases",
+        default="fake,model",
+        help="comma list of: fake, model, accounts, telemetry (default fake,model)",
     )
     parser.add_argument(
         "--store", action="store_true", help="the fake phase's proxy with the accounts store on (a temp file)"
@@ -240,16 +244,31 @@ async def _measure_accounts(
     )
     procs.append(on)
     sides = {"off": (off, off_url, key), "on": (on, on_url, store_key)}
-    rounds: list[dict[str, Any]] = []
-    for stream in (False, True):
-        for _, url, k in sides.values():  # warm both: imports, caches, the store's first pages
-            await pc.throughput(url, pc.chat_request(url, k, 16, stream), args.concurrency, 1.0)
     # The store side's answers carry the budgets' rate-limit headers (its tenant's budgets were checked
     # and held), the other side's none: what is compared is budgets and ledger on against both off.
     budgeted = {
         name: "x-ratelimit-limit-tokens" in await pc.reply_headers(url, pc.chat_request(url, k, 16, False))
         for name, (_, url, k) in sides.items()
     }
+    out = await _alternate(args, sides)
+    out["rate_limit_headers"] = budgeted
+    out["accounts_cpu_ratio"] = max(out["whole_cpu_ms"]["ratio"], out["stream_cpu_ms"]["ratio"])
+    out["ledger_rows"] = _ledger_rows(store)
+    out["load_average"] = os.getloadavg()
+    return out
+
+
+Side = tuple[subprocess.Popen[str], str, str]  # (proxy process, its URL, the key to call it with)
+
+
+async def _alternate(args: argparse.Namespace, sides: dict[str, Side]) -> dict[str, Any]:
+    """The same closed loop through the "off" and the "on" proxy, alternating which goes first round by
+    round, so that a busy shared host's drift hits both alike; CPU per request of each proxy, non-streamed
+    and streamed, and their ratios (on / off)."""
+    for stream in (False, True):
+        for _, url, k in sides.values():  # warm both: imports, caches, the store's first pages
+            await pc.throughput(url, pc.chat_request(url, k, 16, stream), args.concurrency, 1.0)
+    rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
         order = ("off", "on") if i % 2 == 0 else ("on", "off")
         row: dict[str, Any] = {"round": i + 1, "first": order[0]}
@@ -268,7 +287,6 @@ async def _measure_accounts(
         rounds.append(row)
         print(json.dumps(row), flush=True)
     out: dict[str, Any] = {"rounds": rounds, "concurrency": args.concurrency, "duration_s": args.duration}
-    out["rate_limit_headers"] = budgeted
     for kind in ("whole", "stream"):
         off_ms = statistics.median(r[f"{kind}_off_cpu_ms"] for r in rounds)
         on_ms = statistics.median(r[f"{kind}_on_cpu_ms"] for r in rounds)
@@ -276,8 +294,39 @@ async def _measure_accounts(
         # round's own ratio (the two sides measured back to back, so drift between rounds cancels).
         paired = statistics.median(r[f"{kind}_on_cpu_ms"] / r[f"{kind}_off_cpu_ms"] for r in rounds)
         out[f"{kind}_cpu_ms"] = {"off": off_ms, "on": on_ms, "ratio": on_ms / off_ms, "paired_ratio": paired}
-    out["accounts_cpu_ratio"] = max(out["whole_cpu_ms"]["ratio"], out["stream_cpu_ms"]["ratio"])
-    out["ledger_rows"] = _ledger_rows(store)
+    return out
+
+
+async def _telemetry_phase(args: argparse.Namespace, procs: list[subprocess.Popen[Any]]) -> dict[str, Any]:
+    """OpenTelemetry on (exporting to a real OTLP/HTTP receiver in this process) against off: the proxy's
+    added CPU per request, recorded, no target (issue 42)."""
+    from tests.helpers.otlp import otlp_receiver  # the otel extra: only this phase needs it
+
+    secret = secrets.token_urlsafe(16)
+    key, entry = new_key("bench", frozenset({"inference"}))
+    fake, fake_url = _fake(secret)
+    procs.append(fake)
+    with otlp_receiver() as receiver:
+        sides: dict[str, Side] = {}
+        for name, extra in (("off", ()), ("on", ("--telemetry-endpoint", receiver.url))):
+            proc, url = _proxy(
+                fake_url,
+                secret,
+                entry.key_id,
+                entry.digest,
+                args.loop,
+                None,
+                extra,
+                slots=256,
+                max_concurrency=256,
+            )
+            procs.append(proc)
+            sides[name] = (proc, url, key)
+        out = await _alternate(args, sides)
+        out["spans_received"] = len(receiver.spans())
+    for kind in ("whole", "stream"):
+        figures = out[f"{kind}_cpu_ms"]
+        figures["added_ms"] = figures["on"] - figures["off"]
     out["load_average"] = os.getloadavg()
     return out
 
@@ -416,6 +465,9 @@ def handle(args: argparse.Namespace) -> int:
         if "accounts" in phases:
             print("phase accounts: proxy CPU per request, accounts store on vs off ...", flush=True)
             results["accounts"] = asyncio.run(_accounts_phase(args, procs))
+        if "telemetry" in phases:
+            print("phase telemetry: proxy CPU per request, OpenTelemetry on vs off ...", flush=True)
+            results["telemetry"] = asyncio.run(_telemetry_phase(args, procs))
     print(json.dumps(results, indent=2, default=str))
     verdict = _verdict(results)
     print("\n".join(verdict))

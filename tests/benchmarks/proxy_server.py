@@ -37,7 +37,14 @@ from proxy.accounts.service import Accounts
 from proxy.app import create_app
 from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.models.lane import ModelEntry
-from proxy.settings import BudgetSettings, KeyEntry, ProxySettings, StoreSettings, TenantSettings
+from proxy.settings import (
+    BudgetSettings,
+    KeyEntry,
+    ProxySettings,
+    StoreSettings,
+    TelemetrySettings,
+    TenantSettings,
+)
 from proxy.source import UpstreamSnapshot
 from supervisor import logs
 
@@ -65,11 +72,14 @@ def build_settings(args: argparse.Namespace) -> ProxySettings:
         queue_timeout_s=args.queue_timeout_s,
         budgets=UNREACHED if args.store else BudgetSettings(),
     )
+    telemetry = None
+    if args.telemetry_endpoint:
+        telemetry = TelemetrySettings(endpoint=args.telemetry_endpoint, metrics_interval_s=5.0)
     if args.store:
         store = StoreSettings(args.store)
-        return ProxySettings(tenants=(tenant,), access_log=args.access_log, store=store)
+        return ProxySettings(tenants=(tenant,), access_log=args.access_log, store=store, telemetry=telemetry)
     key = KeyEntry(args.key_id, args.key_digest, "bench", frozenset({"inference", "admin"}))
-    return ProxySettings(tenants=(tenant,), keys=(key,), access_log=args.access_log)
+    return ProxySettings(tenants=(tenant,), keys=(key,), access_log=args.access_log, telemetry=telemetry)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -161,6 +171,9 @@ def main() -> None:
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--store", help="the accounts store's file (its key is looked up there); default: none"
+    )
+    parser.add_argument(
+        "--telemetry-endpoint", help="export OpenTelemetry traces and metrics to this OTLP/HTTP receiver"
     )
     parser.add_argument("--log-file", default=os.devnull)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

@@ -351,7 +351,7 @@ def test_plan_prints_the_budget_and_the_argv(
     )
     plan = run_cli("plan", "--config", str(config))
     assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert "-c 12288 -np 3" in plan.stdout and "--port <free port>" in plan.stdout
+    assert "-np 3 -c 12288" in plan.stdout and "--port <free port>" in plan.stdout
     assert "KV state (3 x 4096 tokens)" in plan.stdout and plan.stdout.rstrip().endswith("fits")
     assert "LLAMA_API_KEY" not in plan.stdout
 

@@ -33,7 +33,7 @@ PROXY: tuple[frozenset[str], ...] = (
     frozenset({"app"}),  # create_app: exact-path dispatch, the layer order
     frozenset({"listener", "middleware", "routes"}),  # before the app; around every request; each path
     frozenset({"state"}),  # the door's state: settings, keys, tenants, totals, the router
-    frozenset({"models", "metrics"}),  # which child answers; the series
+    frozenset({"models", "metrics", "telemetry"}),  # which child answers; the series; OpenTelemetry
     # slots; the answer's way back; talking to the child; tenants' keys, ledger and budgets (the store);
     # limits shared with the other replicas (Redis)
     frozenset({"admission", "streams", "upstream", "accounts", "cluster"}),

@@ -171,3 +171,51 @@ def test_timings_are_read_in_llama_servers_order_and_in_any_other() -> None:
         last = event({"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}], "timings": timings})
         got = run(UsageTap(OPENAI.usage), [token("Hi"), last, DONE])
         assert got == Usage(prompt=5, cached=2, completion=4, reported=True), timings
+
+
+def test_the_answers_id_and_finish_reasons_are_read_in_each_dialect() -> None:
+    """For OpenTelemetry: gen_ai.response.id and gen_ai.response.finish_reasons."""
+    last = event(
+        {
+            "choices": [{"delta": {}, "finish_reason": "length", "index": 0}],
+            "id": "chatcmpl-abc",
+            "timings": {"cache_n": 2, "prompt_n": 3, "predicted_n": 2},
+        }
+    )
+    got = run(UsageTap(OPENAI.usage), [token("Hi"), last, DONE])
+    assert (got.response_id, got.finish_reasons) == ("chatcmpl-abc", ["length"])
+    two = run(UsageTap(OPENAI.usage), [finish(0, timings=True) + finish(1, timings=True), DONE])
+    assert two.finish_reasons == ["stop", "stop"]  # one per sequence
+
+    start = {
+        "type": "message_start",
+        "message": {"id": "msg_1", "usage": {"input_tokens": 4, "output_tokens": 0}},
+    }
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}
+    got = run(
+        UsageTap(ANTHROPIC.usage), [event(start, "message_start"), event(delta, "message_delta")], ANTHROPIC
+    )
+    assert (got.response_id, got.finish_reasons) == ("msg_1", ["end_turn"])
+
+    completed = {
+        "type": "response.completed",
+        "response": {"id": "resp_9", "status": "completed", "usage": {"input_tokens": 2, "output_tokens": 1}},
+    }
+    got = run(UsageTap(RESPONSES.usage), [event(completed, "response.completed")], RESPONSES)
+    assert (got.response_id, got.finish_reasons) == ("resp_9", ["completed"])
+
+    native = event(  # as llama-server ends a native stream: its figures and timings
+        {
+            "stop": True,
+            "stop_type": "eos",
+            "tokens_evaluated": 3,
+            "tokens_predicted": 1,
+            "timings": {"cache_n": 0},
+        }
+    )
+    got = run(UsageTap(NATIVE.usage), [event({"content": "x", "stop": False}), native], NATIVE)
+    assert (got.response_id, got.finish_reasons) == (None, ["eos"])
+
+    whole = UsageTap(OPENAI.usage)
+    whole.answered({"id": "chatcmpl-w", "choices": [{"finish_reason": "stop", "index": 0}], "usage": {}})
+    assert (whole.result().response_id, whole.result().finish_reasons) == ("chatcmpl-w", ["stop"])
