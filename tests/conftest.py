@@ -49,6 +49,16 @@ def demo_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_model() -> Path:
+    """Gemma 3 270M, the other demo model: for what needs its traits (no chat template in the GGUF, a
+    sliding-window attention)."""
+    from supervisor.artifacts.demo_model import GEMMA, ensure_demo_model
+    from supervisor.progress import ConsoleProgress
+
+    return ensure_demo_model(progress=ConsoleProgress(), model=GEMMA)
+
+
+@pytest.fixture(scope="session")
 def llama_quantize_binary() -> Path:
     """The lock's llama-quantize from llamagate's own cache, built there (minutes, once) if missing."""
     from supervisor.artifacts.build import ensure_binary
@@ -67,7 +77,7 @@ def demo_q8_0(
     from supervisor.artifacts.quantize import derive
     from supervisor.progress import ConsoleProgress
 
-    out = tmp_path_factory.mktemp("derived") / "gemma-3-270m-q8_0.gguf"
+    out = tmp_path_factory.mktemp("derived") / f"{demo_model.stem}-q8_0.gguf"
     return derive(demo_model, "Q8_0", lock_path=LOCK, progress=ConsoleProgress(), out=out).path
 
 

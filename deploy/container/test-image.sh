@@ -108,7 +108,7 @@ key=$(podman logs "$NAME" 2>/dev/null | grep -oE 'lg_[0-9a-f]{12}_[A-Za-z0-9_-]+
 [ -n "$key" ] || { say "no key in the container's output"; podman logs "$NAME" 2>&1 | tail -20; exit 1; }
 answer=$(curl -sf "http://127.0.0.1:${PORT}/v1/chat/completions" -H "Authorization: Bearer $key" \
     -H 'Content-Type: application/json' \
-    -d '{"model": "gemma-3-270m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello"}]}')
+    -d '{"model": "smollm2-135m-instruct", "max_tokens": 16, "messages": [{"role": "user", "content": "Hello"}]}')
 printf '%s' "$answer" | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["choices"][0]["message"]["content"].strip(), r' \
     || { say "no answer: $answer"; exit 1; }
 say "chat answered"

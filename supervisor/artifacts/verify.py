@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.artifacts.build import install_dir, version_output
-from supervisor.artifacts.demo_model import DEMO_MODEL_ALIAS, DEMO_MODEL_SHA256, ensure_demo_model
+from supervisor.artifacts.demo_model import DEFAULT_DEMO, ensure_demo_model
 from supervisor.artifacts.files import sha256_fresh, verify_model
 from supervisor.artifacts.lock import load_lock
 from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
@@ -156,7 +156,7 @@ def _model_check(
         except CheckFailed as exc:
             report.checks.append(Check("model", False, f"demo model: {exc}"))
             return None, ""
-        expected, alias = DEMO_MODEL_SHA256, DEMO_MODEL_ALIAS
+        expected, alias = DEFAULT_DEMO.sha256, DEFAULT_DEMO.name
     else:
         return None, ""
     try:

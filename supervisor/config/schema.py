@@ -168,7 +168,7 @@ class ProxyConfig:
 class ModelConfig:
     path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
     sha256: str | None = setting(None, "expected sha256 of the file; required when path is set", SHA256)
-    alias: str = setting("gemma-3-270m", "model id served to clients (llama-server --alias)", NAME)
+    alias: str = setting("smollm2-135m-instruct", "model id served to clients (llama-server --alias)", NAME)
 
 
 @dataclass(frozen=True)

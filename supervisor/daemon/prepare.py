@@ -15,12 +15,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.artifacts.build import ensure_binary, find_installed, version_output
-from supervisor.artifacts.demo_model import (
-    DEMO_MODEL_CHAT_TEMPLATE,
-    DEMO_MODEL_SHA256,
-    demo_model_path,
-    ensure_demo_model,
-)
+from supervisor.artifacts.demo_model import DEFAULT_DEMO, demo_for_digest, demo_model_path, ensure_demo_model
 from supervisor.artifacts.files import check_gguf, sha256_file, verify_model
 from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
 from supervisor.budget.gguf_info import ModelShape, read_shape
@@ -133,8 +128,8 @@ def resolve_model(cfg: Config, *, progress: Progress, cache: Path | None = None,
                 raise StartupError(
                     f"the demo model is not in the cache ({path}): run 'llamagate model fetch'"
                 )
-            verify_model(path, DEMO_MODEL_SHA256, cache=cache)
-        digest = DEMO_MODEL_SHA256
+            verify_model(path, DEFAULT_DEMO.sha256, cache=cache)
+        digest = DEFAULT_DEMO.sha256
         check_gguf(path)
         return Model(path=path, sha256=digest, size=path.stat().st_size, shape=read_shape(path))
     assert m.sha256 is not None  # config validation requires it with a path
@@ -192,14 +187,14 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
 
 
 def chat_template_for(cfg: Config) -> str | None:
-    """The configured template; unset, the demo model (whose GGUF has none, so llama-server would fall
-    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. The demo model
-    is recognised by its pinned digest too, wherever a config puts the file."""
+    """The configured template; unset, a demo model whose GGUF has none (Gemma 3: llama-server would fall
+    back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. A demo model is
+    recognised by its pinned digest, wherever a config puts the file; no path is the default demo model."""
     llama = cfg.llama
     if llama.chat_template is not None:
         return llama.chat_template
-    demo = llama.model.path is None or llama.model.sha256 == DEMO_MODEL_SHA256
-    return DEMO_MODEL_CHAT_TEMPLATE if demo else None
+    demo = DEFAULT_DEMO if llama.model.path is None else demo_for_digest(llama.model.sha256)
+    return demo.chat_template if demo is not None else None
 
 
 def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:

@@ -160,7 +160,8 @@ KNOBS: tuple[Knob, ...] = (
         NameOrPath | None,
         None,
         "chat format: a llama.cpp built-in name (--chat-template NAME --no-jinja) or a Jinja template file"
-        " (--chat-template-file); null = the GGUF's own template, and gemma for the demo model",
+        " (--chat-template-file); null = the GGUF's own template (gemma for the Gemma demo model, whose"
+        " GGUF has none)",
         check_chat_template,
         flag=("--chat-template",),
         value=_template_name,

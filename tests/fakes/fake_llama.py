@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,6 +58,9 @@ class FakeLlama:
         self.ctx_per_slot = ctx_per_slot
         self.tokens = tokens
         self.token_interval_s = token_interval_s
+        # A chat stream's answer as this text, cut into pieces at spaces (the pieces are the tokens),
+        # instead of the fixed word: for a client that must show any text safely (the page's test).
+        self.answer: str | None = None
         self.active = 0
         self.max_active = 0
         self.requests = 0
@@ -282,8 +286,16 @@ class FakeLlama:
             )
             for word in (_WORD.encode(), b" " + _WORD.encode())
         ]
+        if chat and self.answer is not None:
+            pieces = re.findall(r"\s*\S+", self.answer) or [""]
+            delta = b'{"finish_reason":null,"index":0,"delta":{"content":%s}}'
+            events = [
+                _chunk(b'data: {"choices":[' + delta % json.dumps(p).encode() + tail + b"}\n\n")
+                for p in pieces
+            ]
+            n = len(events)
         for i in range(n):
-            event = events[min(i, 1)]
+            event = events[min(i, len(events) - 1)]
             if die_after is not None and i >= int(die_after):
                 await writer.drain()
                 return self._die(writer)
@@ -337,6 +349,7 @@ async def _main(args: argparse.Namespace) -> None:
         token_interval_s=args.token_interval_ms / 1000.0,
         slots=args.slots,
     )
+    fake.answer = args.answer
     port = await fake.start(port=args.port)
     print(f"listening on http://127.0.0.1:{port}", flush=True)
     await asyncio.Event().wait()
@@ -349,6 +362,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--token-interval-ms", type=float, default=0.0)
+    parser.add_argument("--answer", default=None, help="every chat stream answers this text")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(parser.parse_args()))
 

@@ -146,7 +146,11 @@ class DaemonFactory:
             "proxy": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 10},
             "llama": {
                 "binary": str(binary),
-                "model": {"path": str(self.model), "sha256": self.model_sha256, "alias": "gemma-3-270m"},
+                "model": {
+                    "path": str(self.model),
+                    "sha256": self.model_sha256,
+                    "alias": "smollm2-135m-instruct",
+                },
                 "threads": 2,
                 "slots": 2,
                 "ctx_per_slot": 4096,

@@ -38,7 +38,7 @@ from tests.helpers.redis_server import RedisServer
 from tests.integration.conftest import Daemon, DaemonFactory
 
 REPLICAS = 3
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 BUDGET = 120  # tokens_per_minute of the "metered" tenant
 # max_concurrency of the "fleet" tenant: every slot of the set, so a replica holding leases of it never keeps
 # the others' requests of it waiting (nor would a request that nginx gives a replica whose slots are full,

@@ -234,7 +234,11 @@ def test_a_token_budget_refuses_with_retry_after_and_the_sdk_gets_through_once_t
     key, _ = new_key(d, "capped")
     raw = OpenAI(base_url=d.base_url + "/v1", api_key=key, max_retries=0, timeout=120)
     wait_until(lambda: _models_ok(d, key), "the store key", timeout=5)
-    body = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 64}
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 64,
+    }
     answered: list[int] = []
     refusal: openai.RateLimitError | None = None
     for _ in range(10):

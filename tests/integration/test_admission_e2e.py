@@ -20,7 +20,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 
 
 def _keys(*specs: tuple[str, bool]) -> tuple[list[str], list[dict[str, Any]]]:

@@ -21,7 +21,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 PROMPT = "QUOKKA-PROMPT-5521 tell a story"
 ORIGIN = "https://app.example"
 

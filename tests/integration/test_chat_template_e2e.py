@@ -1,9 +1,10 @@
-"""``llama.chat_template`` with the real llama-server and the real demo model, through the proxy.
+"""``llama.chat_template`` with the real llama-server and the real demo models, through the proxy.
 
-The demo GGUF carries no chat template; without one llama-server falls back to ChatML, which Gemma
-does not know, and answered ``Hello<|im_end|>\\n<|im_start|>user\\n...``. The demo model now gets the
-built-in ``gemma`` format, whose turn markers are special tokens of its own vocabulary: they are never
-printed as text, and ``<end_of_turn>`` ends the answer when the model emits it.
+Gemma 3's demo GGUF carries no chat template; without one llama-server falls back to ChatML, which Gemma
+does not know, and answered ``Hello<|im_end|>\\n<|im_start|>user\\n...``. That model gets the built-in
+``gemma`` format, whose turn markers are special tokens of its own vocabulary: they are never printed as
+text, and ``<end_of_turn>`` ends the answer when the model emits it. The default demo model (SmolLM2
+Instruct) brings its own template in its GGUF, and ends its answer by itself.
 """
 
 from __future__ import annotations
@@ -24,8 +25,27 @@ def template_debris(text: str) -> list[str]:
     return [token for token in TEMPLATE_TOKENS if token in text]
 
 
-def test_the_demo_model_answers_without_template_tokens(daemon_factory: DaemonFactory) -> None:
-    d = daemon_factory({})  # the demo model, named by path and sha256 as an operator would
+def test_the_default_demo_model_answers_hello_and_stops_by_itself(daemon_factory: DaemonFactory) -> None:
+    """The README's request: "Hello" with max_tokens 64 ends with finish_reason stop, no template debris."""
+    d = daemon_factory({})
+    client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model="smollm2-135m-instruct", max_tokens=64, messages=[{"role": "user", "content": "Hello"}]
+    )
+    content = reply.choices[0].message.content or ""
+    assert reply.choices[0].finish_reason == "stop", content
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens < 64
+    assert content.strip() and template_debris(content) == [], content
+
+
+def test_the_gemma_demo_model_answers_without_template_tokens(
+    daemon_factory: DaemonFactory, gemma_model: Path
+) -> None:
+    from supervisor.artifacts.demo_model import GEMMA
+
+    # The Gemma demo model named by path and sha256, as an operator would: its template by its digest.
+    model = {"path": str(gemma_model), "sha256": GEMMA.sha256, "alias": "gemma-3-270m"}
+    d = daemon_factory({"llama": {"model": model}})
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
     for prompt in ("Hello", "What is the capital of France?", "Write one sentence about the sea."):
         reply = client.chat.completions.create(
@@ -44,7 +64,7 @@ def test_the_demo_model_answers_without_template_tokens(daemon_factory: DaemonFa
 
 def test_a_template_file_reaches_the_child(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
     """A Jinja file that puts 40 words before every message: the prompt's token count shows it was
-    used (the demo's gemma format makes about 10 tokens of "Hello")."""
+    used (the demo's own format makes about 10 tokens of "Hello")."""
     template = tmp_path / "padded.jinja"
     template.write_text(
         "{% for m in messages %}" + "word " * 40 + "{{ m.content }}\n{% endfor %}"
@@ -53,7 +73,7 @@ def test_a_template_file_reaches_the_child(daemon_factory: DaemonFactory, tmp_pa
     d = daemon_factory({"llama": {"chat_template": str(template)}})
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
     usage = client.chat.completions.create(
-        model="gemma-3-270m", max_tokens=1, messages=[{"role": "user", "content": "Hello"}]
+        model="smollm2-135m-instruct", max_tokens=1, messages=[{"role": "user", "content": "Hello"}]
     ).usage
     assert usage is not None
     assert usage.prompt_tokens > 40, usage

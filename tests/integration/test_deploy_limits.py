@@ -65,10 +65,10 @@ def test_kubernetes_resources_match_the_configmap(demo_model: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["--systemd", "--kubernetes"])
 def test_plan_prints_the_limits(tmp_path: Path, demo_model: Path, flag: str) -> None:
-    from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256
+    from supervisor.artifacts.demo_model import DEFAULT_DEMO
 
     config = {
-        "llama": {"model": {"path": str(demo_model), "sha256": DEMO_MODEL_SHA256}, "threads": 2},
+        "llama": {"model": {"path": str(demo_model), "sha256": DEFAULT_DEMO.sha256}, "threads": 2},
         "supervision": {"memory_headroom_mib": 0},
     }
     path = tmp_path / "config.yaml"

@@ -93,7 +93,7 @@ def check_one_load(seen: list[UpstreamSnapshot]) -> list[float]:
 async def test_progress_rises_to_one_before_ready_and_the_next_load_has_an_estimate(
     tmp_path: Path, llama_server_binary: Path, demo_model: Path
 ) -> None:
-    spec = LaunchSpec(llama_server_binary, demo_model, "gemma-3-270m", 0, 2, 2, 2, 4096)
+    spec = LaunchSpec(llama_server_binary, demo_model, "smollm2-135m-instruct", 0, 2, 2, 2, 4096)
     os_ = RecordingOs()
     probes = ProbesThatLook(os_)
     times = LoadTimes(tmp_path / "load_times.json")

@@ -26,7 +26,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 PICKER = (
     "llamagate_model_queued_requests",
     "llamagate_model_running_requests",

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "llamagate.rules.yml"
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 T = TypeVar("T")
 
 

@@ -24,7 +24,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 ROUTE = "/v1/chat/completions"
 
 

@@ -36,7 +36,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 # Exactly max_tokens long: the model's end of text does not end a stream early.
 LONG = {"ignore_eos": True, "temperature": 0}

@@ -29,7 +29,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx")]
 
 REPLICAS = 3
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 
 
 class ReplicaSet:

@@ -60,7 +60,7 @@ class RecordingProbes(HttpProbes):
 async def test_ready_only_after_all_three_gates(
     tmp_path: Path, llama_server_binary: Path, demo_model: Path
 ) -> None:
-    spec = LaunchSpec(llama_server_binary, demo_model, "gemma-3-270m", 0, 2, 2, 2, 4096)
+    spec = LaunchSpec(llama_server_binary, demo_model, "smollm2-135m-instruct", 0, 2, 2, 2, 4096)
     probes = RecordingProbes()
     sup = ChildSupervisor(
         spec, Policy(load_timeout_s=180), os=RealOs(), probes=probes, workdir=tmp_path / "w"
@@ -90,7 +90,7 @@ async def test_ready_only_after_all_three_gates(
     assert first_200 > 0
     # ... then the three gates passed, in order, and only then READY.
     assert steps[first_200 + 1 :] == ["models", "one_token"]
-    assert probes.log[first_200 + 1][1] == [("gemma-3-270m", 4096)]
+    assert probes.log[first_200 + 1][1] == [("smollm2-135m-instruct", 4096)]
     assert ready_at[0] >= probes.log[-1][2]
     assert states[:2] == [State.STARTING, State.READY]
 
@@ -98,9 +98,9 @@ async def test_ready_only_after_all_three_gates(
 def test_openai_sdk_through_the_daemon(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory()
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
-    assert [m.id for m in client.models.list().data] == ["gemma-3-270m"]
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
     reply = client.chat.completions.create(
-        model="gemma-3-270m", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
     )
     assert reply.choices[0].message.content is not None
     assert reply.usage is not None and reply.usage.completion_tokens >= 1
@@ -122,7 +122,9 @@ def test_openai_sdk_through_the_daemon(daemon_factory: DaemonFactory) -> None:
     rss = psutil.Process(pid).memory_info().rss
     assert rss <= identity["budget"]["required_bytes"], (rss, identity["budget"])
     # Prompt text never reaches the log (the child's lines are logged at DEBUG here).
-    client.completions.create(model="gemma-3-270m", prompt="PROMPT-CANARY-7f3a the sky is", max_tokens=2)
+    client.completions.create(
+        model="smollm2-135m-instruct", prompt="PROMPT-CANARY-7f3a the sky is", max_tokens=2
+    )
     d.stop()
     assert "PROMPT-CANARY-7f3a" not in d.log_text()
     assert d.inference_key not in d.log_text() and d.admin_key not in d.log_text()
@@ -135,9 +137,12 @@ def test_request_text_that_llama_server_echoes_never_reaches_the_log(daemon_fact
     # DEBUG here.
     d = daemon_factory()
     headers = {"Authorization": f"Bearer {d.inference_key}", "Content-Type": "application/json"}
-    surrogate = b'{"model": "gemma-3-270m", "prompt": "PROMPT-CANARY-91c2 secret \\ud800 x", "max_tokens": 2}'
+    surrogate = (
+        b'{"model": "smollm2-135m-instruct", '
+        b'"prompt": "PROMPT-CANARY-91c2 secret \\ud800 x", "max_tokens": 2}'
+    )
     grammar = (
-        b'{"model": "gemma-3-270m", "prompt": "hi", "max_tokens": 2, '
+        b'{"model": "smollm2-135m-instruct", "prompt": "hi", "max_tokens": 2, '
         b'"grammar": "root ::= GRAMMAR-CANARY-5e1d"}'
     )
     url = f"{d.base_url}/v1/completions"
@@ -153,13 +158,19 @@ def test_request_text_that_llama_server_echoes_never_reaches_the_log(daemon_fact
     assert "CANARY" not in log
 
 
-def test_memory_stays_within_the_budget_across_distinct_prompts(daemon_factory: DaemonFactory) -> None:
+def test_memory_stays_within_the_budget_across_distinct_prompts(
+    daemon_factory: DaemonFactory, gemma_model: Path
+) -> None:
     # llama-server keeps the state of every prompt it moves out of a slot, up to 8 GiB by default: seen,
-    # ~21 MiB more RSS per distinct ~780-token prompt with the demo model, past the old budget (435 MiB)
-    # after 3 of them. The supervisor bounds that cache and the checkpoints, and budgets both.
+    # ~21 MiB more RSS per distinct ~780-token prompt with Gemma 3 270M, past the old budget (435 MiB)
+    # after 3 of them. The supervisor bounds that cache and the checkpoints (a sliding-window model's:
+    # Gemma's), and budgets both.
     import random
 
-    d = daemon_factory({"llama": {"prompt_cache_mib": 32, "ctx_checkpoints": 2}})
+    from supervisor.artifacts.demo_model import GEMMA
+
+    gemma = {"path": str(gemma_model), "sha256": GEMMA.sha256, "alias": "gemma-3-270m"}
+    d = daemon_factory({"llama": {"model": gemma, "prompt_cache_mib": 32, "ctx_checkpoints": 2}})
     budget = d.admin_identity()["budget"]
     assert budget["prompt_cache_bytes"] == 32 * 2**20 and budget["checkpoint_bytes"] > 0
     pid = d.child_pid
@@ -226,7 +237,7 @@ def test_in_flight_stream_finishes_during_a_graceful_stop(daemon_factory: Daemon
     d = daemon_factory({"proxy": {"drain_timeout_s": 120}})
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
     stream = client.chat.completions.create(
-        model="gemma-3-270m",
+        model="smollm2-135m-instruct",
         messages=[{"role": "user", "content": "Count from one to fifty in words."}],
         max_tokens=24,
         stream=True,
@@ -337,7 +348,7 @@ def test_quick_start_prints_a_key_once_when_none_is_configured(daemon_factory: D
     out = d.stdout_path.read_text()
     key = next(word for word in out.split() if word.startswith("lg_"))
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=key, max_retries=0)
-    assert client.models.list().data[0].id == "gemma-3-270m"
+    assert client.models.list().data[0].id == "smollm2-135m-instruct"
     assert out.count(key) >= 1 and key not in d.log_text()
 
 

@@ -23,7 +23,7 @@ KEPT = "; kept the previous settings"
 def chat(d: Daemon) -> str:
     with OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0, timeout=120) as client:
         answer = client.chat.completions.create(
-            model="gemma-3-270m", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
         )
     return answer.choices[0].message.content or ""
 

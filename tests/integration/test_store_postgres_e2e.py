@@ -19,7 +19,7 @@ from tests.integration.conftest import Daemon, DaemonFactory, until_key_status
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("initdb", "postgres")]
 
 CHAT = {
-    "model": "gemma-3-270m",
+    "model": "smollm2-135m-instruct",
     "messages": [{"role": "user", "content": "Name a colour."}],
     "max_tokens": 3,
     "ignore_eos": True,

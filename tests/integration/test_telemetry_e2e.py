@@ -56,16 +56,16 @@ def test_chat_stream_refusal_and_traceparent_are_exported_without_text(
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0, timeout=300)
     messages: Any = [{"role": "user", "content": PROMPT}]
     whole = client.chat.completions.with_raw_response.create(
-        model="gemma-3-270m", messages=messages, max_tokens=12, temperature=0.0, seed=3
+        model="smollm2-135m-instruct", messages=messages, max_tokens=12, temperature=0.0, seed=3
     )
     answer = whole.parse()
     texts = [answer.choices[0].message.content or ""]
     stream = client.chat.completions.with_raw_response.create(
-        model="gemma-3-270m", messages=messages, max_tokens=12, stream=True
+        model="smollm2-135m-instruct", messages=messages, max_tokens=12, stream=True
     )
     texts.append("".join(c.choices[0].delta.content or "" for c in stream.parse() if c.choices))
     traced = client.chat.completions.with_raw_response.create(
-        model="gemma-3-270m",
+        model="smollm2-135m-instruct",
         messages=messages,
         max_tokens=4,
         extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
@@ -73,7 +73,7 @@ def test_chat_stream_refusal_and_traceparent_are_exported_without_text(
     refused = httpx.post(
         f"{d.base_url}/v1/chat/completions",
         headers={"authorization": f"Bearer {d.inference_key}"},
-        json={"model": "gemma-3-270m", "messages": messages, "max_tokens": 4},
+        json={"model": "smollm2-135m-instruct", "messages": messages, "max_tokens": 4},
         timeout=30,
     )
     assert refused.status_code == 429
@@ -92,7 +92,7 @@ def test_chat_stream_refusal_and_traceparent_are_exported_without_text(
     span, a = spans[ids[0]]
     assert span.name == "chat gemma-3-270m"
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "llama.cpp"
-    assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "gemma-3-270m"
+    assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "smollm2-135m-instruct"
     assert a["gen_ai.request.max_tokens"] == 12 and a["gen_ai.request.temperature"] == 0.0
     assert a["gen_ai.request.seed"] == 3
     assert a["gen_ai.response.id"] == answer.id
@@ -134,7 +134,7 @@ def test_chat_stream_refusal_and_traceparent_are_exported_without_text(
         "gen_ai.client.token.usage",
     } <= names
     for point in receiver.points("gen_ai.server.time_to_first_token"):
-        assert attributes(point.attributes)["gen_ai.request.model"] == "gemma-3-270m"
+        assert attributes(point.attributes)["gen_ai.request.model"] == "smollm2-135m-instruct"
     resource = receiver.spans()[0][0]
     assert resource["service.name"] == "llamagate-e2e"
 

@@ -19,6 +19,8 @@ import itertools
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,7 +45,7 @@ from tests.integration.test_multi_model_e2e import child_pid, model, two_models
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("chromium", "chromedriver")]
 
-MODEL = "gemma-3-270m"
+MODEL = "smollm2-135m-instruct"
 WRONG_KEY = "lg_0123456789ab_" + "A" * 43
 # What the browser does when a tab goes to the background or comes back.
 HIDE_TAB = """
@@ -157,6 +159,22 @@ class Page:
         assert self.text("pg-output").strip()
         assert re.fullmatch(r"\d+ ms", self.text("pg-ttft")), self.text("pg-ttft")
 
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        """Every chat request the page sent so far, as the browser sent it (its DevTools record)."""
+        self.collect_logs()
+        return [
+            json.loads(m["params"]["request"]["postData"])
+            for m in self.network
+            if m["method"] == "Network.requestWillBeSent"
+            and m["params"]["request"]["url"].endswith("/v1/chat/completions")
+            and m["params"]["request"]["method"] == "POST"
+        ]
+
+    def turns(self) -> int:
+        from selenium.webdriver.common.by import By
+
+        return len(self.driver.find_elements(By.CSS_SELECTOR, "#pg-conversation .turn"))
+
     def rows(self, tbody_id: str) -> list[list[str]]:
         script = (
             "return [...document.getElementById(arguments[0]).rows]"
@@ -229,9 +247,23 @@ def test_status_and_playground_in_chromium(
     assert 0 < int(page.text("pg-completion-tokens")) <= 24
     assert int(page.text("pg-prompt-tokens")) > 0
     assert re.fullmatch(r"\d+\.\d", page.text("pg-rate")), page.text("pg-rate")
+    # A conversation: two more turns, each request carrying the system prompt and every earlier turn.
+    page.ask("And then what happened?", 16)
+    page.ask("Give the story a title.", 16)
+    assert page.turns() == 3
+    assert re.fullmatch(r"\d+", page.text("pg-cached-tokens")), page.text("pg-cached-tokens")  # admin key
+    bodies = page.chat_bodies()
+    assert [len(b["messages"]) for b in bodies] == [2, 4, 6]
+    second = bodies[1]["messages"]
+    assert second[0] == {"role": "system", "content": "You are terse."}
+    assert second[1] == {"role": "user", "content": "Once upon a time"}
+    assert second[2]["role"] == "assistant" and second[2]["content"].strip()
+    assert second[3] == {"role": "user", "content": "And then what happened?"}
+    assert bodies[2]["messages"][:4] == second and bodies[2]["messages"][4]["role"] == "assistant"
     page.shot("playground.png")
 
     # A long answer: text grows while it is generated (streamed), then Stop frees the slot.
+    page.type_into("pg-prompt", "Tell a long story about the sea.")
     page.type_into("pg-max-tokens", "3000")
     page.el("pg-send").click()
     page.wait(
@@ -244,6 +276,12 @@ def test_status_and_playground_in_chromium(
     page.el("pg-stop").click()
     page.wait(lambda: page.text("pg-state") == "stopped", "the stopped state")
     assert page.el("pg-send").is_enabled() and not page.el("pg-stop").is_enabled()
+    # The stopped answer stays in the conversation, marked; Clear empties it.
+    assert page.turns() == 4 and "stopped" in str(
+        page.el("pg-output").find_element("xpath", "..").get_attribute("class")
+    )
+    page.el("pg-clear").click()
+    assert page.turns() == 0
     wait_until(lambda: not any(page.slots_busy()), "every slot free in /slots after Stop", timeout=60)
     page.el("tab-status").click()
     page.wait(lambda: page.text("st-slots") == "0 / 2", "the status view to show the slot freed")
@@ -277,6 +315,7 @@ def test_status_and_playground_in_chromium(
     holder.start()
     try:
         assert holding.wait(120), "the other client's stream did not start"
+        page.type_into("pg-prompt", "hello")
         page.type_into("pg-max-tokens", "8")
         page.el("pg-send").click()
         page.wait(lambda: page.text("pg-state") == "refused (429)", "the 429")
@@ -426,6 +465,7 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
     page.shot("playground-models.png")
 
     # A long answer holds the chat model's slot: its row says so, and Stop gives it back.
+    page.type_into("pg-prompt", "Tell a long story about the sea.")
     page.type_into("pg-max-tokens", "3000")
     page.el("pg-send").click()
     page.wait(lambda: page.text("pg-state") == "generating…", "generating")
@@ -1058,3 +1098,73 @@ def test_cancel_a_running_request_from_the_page_against_the_real_daemon(
     page.wait(lambda: page.text("requests-note") == "No request is queued or running.", "the row gone")
     assert page_actions(page, d.base_url)[0][0] == "DELETE"
     assert console_problems(page) == []
+
+
+# An answer a page must never run or mark up: HTML, a script in a code block, markdown to format.
+HOSTILE = (
+    'Hello <img src=x onerror="window.__pwned=1"> and **bold** with `<b>inline</b>`\n\n'
+    "```html\n<script>window.__pwned=2</script>\n```\n"
+    "- first <i>item</i>\n- second"
+)
+
+
+def test_model_text_is_formatted_from_text_nodes_and_never_run_as_html(
+    browser: Any, screenshots: Path
+) -> None:
+    """A fake child answers every chat with ``HOSTILE``: the page shows it formatted (paragraphs, a code
+    block, a list, bold), builds every element itself, and the next turn sends the raw text back."""
+    from selenium.webdriver.common.by import By
+
+    from supervisor.child.spawn import popen_tied, stop_popen
+    from tests.benchmarks.cli import python_env
+
+    fake = popen_tied(
+        [sys.executable, "-m", "tests.fakes.fake_llama", "--secret=s3cret", "--answer", HOSTILE],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=python_env(None),
+    )
+    try:
+        assert fake.stdout is not None
+        fake_url = fake.stdout.readline().split()[-1]
+        key, entry = new_key("default", frozenset({"inference"}))
+        settings = ProxySettings(tenants=(TenantSettings("default"),), keys=(entry,))
+        with proxy_in_thread(settings, StaticSource(snapshot_for(fake_url, "s3cret"))) as origin:
+            page = Page(browser, None, screenshots)
+            browser.get(origin + "/ui/")
+            page.enter_key(key)
+            page.el("tab-playground").click()
+            page.wait(lambda: bool(page.el("pg-model").get_attribute("value")), "the model list")
+            page.ask("hello", 64)
+            out = page.el("pg-output")
+            assert browser.execute_script("return window.__pwned") is None
+            assert out.find_elements(By.CSS_SELECTOR, "img, script, b, i") == []
+            assert "<img src=x" in page.text("pg-output")  # shown as the characters it is
+            assert [e.text for e in out.find_elements(By.CSS_SELECTOR, "strong")] == ["bold"]
+            assert [
+                e.get_attribute("textContent") for e in out.find_elements(By.CSS_SELECTOR, "p > code")
+            ] == ["<b>inline</b>"]
+            (code,) = out.find_elements(By.CSS_SELECTOR, "pre > code")
+            assert code.get_attribute("textContent") == "<script>window.__pwned=2</script>"
+            assert [
+                li.get_attribute("textContent") for li in out.find_elements(By.CSS_SELECTOR, "ul > li")
+            ] == [
+                "first <i>item</i>",
+                "second",
+            ]
+            page.shot("playground-formatting.png")
+            page.ask("again", 64)
+            second = page.chat_bodies()[1]["messages"]
+            assert second == [
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": HOSTILE},  # the model's raw text, as it came
+                {"role": "user", "content": "again"},
+            ]
+            assert page.turns() == 2
+            page.collect_logs()
+            violations = [c for c in page.console if "Content Security Policy" in str(c.get("message"))]
+            assert violations == []
+    finally:
+        stop_popen(fake, 5)
+        if fake.stdout is not None:
+            fake.stdout.close()

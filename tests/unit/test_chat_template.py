@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256
+from supervisor.artifacts.demo_model import GEMMA, SMOLLM2
 from supervisor.artifacts.lock import load_lock
 from supervisor.config.load import load_config, parse_config
 from supervisor.config.schema import Config
@@ -101,14 +101,20 @@ def test_extra_args_cannot_set_the_template_behind_the_setting(flag: str) -> Non
     assert problem.startswith(f"llama.extra_args[0]: {flag} is not allowed")
 
 
-def test_the_demo_model_gets_gemma_and_an_own_model_its_own_template(tmp_path: Path) -> None:
-    assert chat_template_for(Config()) == "gemma"
+def test_the_gemma_demo_model_gets_gemma_and_every_other_model_its_own_template(tmp_path: Path) -> None:
+    # The default demo model (SmolLM2 Instruct) has its own template in its GGUF.
+    assert chat_template_for(Config()) is None
     own = parse_config(f"llama:\n  model: {{path: {tmp_path / 'm.gguf'}, sha256: '{'a' * 64}'}}\n", env={})
     assert chat_template_for(own) is None
-    demo_elsewhere = parse_config(
-        f"llama:\n  model: {{path: {tmp_path / 'd.gguf'}, sha256: '{DEMO_MODEL_SHA256}'}}\n", env={}
+    smol = parse_config(
+        f"llama:\n  model: {{path: {tmp_path / 's.gguf'}, sha256: '{SMOLLM2.sha256}'}}\n", env={}
     )
-    assert chat_template_for(demo_elsewhere) == "gemma"
+    assert chat_template_for(smol) is None
+    # Gemma 3's GGUF has none: its family's format, recognised by the file's digest wherever it is.
+    gemma = parse_config(
+        f"llama:\n  model: {{path: {tmp_path / 'd.gguf'}, sha256: '{GEMMA.sha256}'}}\n", env={}
+    )
+    assert chat_template_for(gemma) == "gemma"
     chosen = parse_config("llama:\n  chat_template: chatml\n", env={})
     assert chat_template_for(chosen) == "chatml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import supervisor.daemon.prepare as prepare_mod
-from supervisor.artifacts.demo_model import DEMO_MODEL_SHA256, demo_model_path
+from supervisor.artifacts.demo_model import DEFAULT_DEMO, demo_model_path
 from supervisor.config.schema import Config
 from supervisor.errors import DigestMismatch, Misconfigured, StartupError
 from supervisor.progress import NullProgress
@@ -116,5 +116,5 @@ def test_a_cached_demo_model_that_is_not_the_pinned_one_is_refused(tmp_path: Pat
     write_gguf(demo)  # a GGUF, but not the demo model's bytes
     cfg = Config()
     cfg = replace(cfg, llama=replace(cfg.llama, binary=fake_binary(tmp_path)))
-    with pytest.raises(DigestMismatch, match=f"expected {DEMO_MODEL_SHA256}"):
+    with pytest.raises(DigestMismatch, match=f"expected {DEFAULT_DEMO.sha256}"):
         prepare_mod.prepare(cfg, progress=NullProgress(), cache=cache, fetch=False)

@@ -1,15 +1,20 @@
-// The playground: one chat request with stream=true, its answer shown as it is generated.
+// The playground: a conversation with the model, each turn one chat request with stream=true.
 //
-// Model output is untrusted: it is only ever appended as text (Text nodes), never parsed as HTML.
-// Stop aborts the fetch; the proxy sees the connection close, cancels the upstream request and
-// llama-server frees the slot at its next token.
+// The history lives in the page only (cleared by the person, or by a reload): each turn's request carries
+// the system prompt, every earlier turn and the new message, as any chat client sends them. Model output
+// is untrusted: it is rendered by render.js from DOM nodes and Text nodes, never parsed as HTML. Stop
+// aborts the fetch; the proxy sees the connection close, cancels the upstream request and llama-server
+// frees the slot at its next token; the part of the answer received stays in the history.
 
 import { ApiError, errorOf, getJson, request } from "./api.js";
 import { setText, showMessage } from "./format.js";
+import { renderAnswer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
 let controller = null;
+// The conversation so far: {role, content} of each finished turn (user, then assistant).
+let history = [];
 
 function setState(text, cls = "") {
   const el = setText("pg-state", text);
@@ -19,8 +24,8 @@ function setState(text, cls = "") {
 function busy(on) {
   $("pg-send").disabled = on;
   $("pg-stop").disabled = !on;
+  $("pg-clear").disabled = on;
 }
-
 // With several models, an option says the model's state (and that it serves embeddings): choosing an
 // unloaded one is fine, sending to it loads it (the person's request, never the page's own doing).
 function optionText(m, several) {
@@ -61,11 +66,11 @@ export async function loadModels() {
   }
 }
 
-function requestBody() {
+function requestBody(prompt) {
   const messages = [];
   const system = $("pg-system").value.trim();
   if (system) messages.push({ role: "system", content: system });
-  messages.push({ role: "user", content: $("pg-prompt").value });
+  messages.push(...history, { role: "user", content: prompt });
   const body = { model: $("pg-model").value || undefined, messages, stream: true, stream_options: { include_usage: true } };
   const temperature = $("pg-temperature").value;
   if (temperature !== "") body.temperature = Number(temperature);
@@ -96,28 +101,81 @@ async function* sseData(stream) {
   }
 }
 
-function showFigures(run) {
-  if (run.firstAt !== null) setText("pg-ttft", `${Math.round(run.firstAt - run.sentAt)} ms`);
+// One turn's figures: in the page's summary (the latest turn) and under the turn itself.
+function showFigures(run, footer) {
+  const ttft = run.firstAt !== null ? `${Math.round(run.firstAt - run.sentAt)} ms` : null;
+  setText("pg-ttft", ttft);
   const generated = run.completionTokens ?? run.chunks;
+  let rate = null;
   if (run.firstAt !== null && run.lastAt > run.firstAt && generated > 1) {
-    setText("pg-rate", `${((generated - 1) / ((run.lastAt - run.firstAt) / 1000)).toFixed(1)}`);
+    rate = `${((generated - 1) / ((run.lastAt - run.firstAt) / 1000)).toFixed(1)}`;
+    setText("pg-rate", rate);
   }
   setText("pg-prompt-tokens", run.promptTokens);
+  setText("pg-cached-tokens", run.cachedTokens);
   setText("pg-completion-tokens", run.completionTokens ?? (run.chunks ? `${run.chunks} so far` : null));
+  const parts = [];
+  if (run.promptTokens !== null) {
+    const cached = run.cachedTokens !== null ? `, ${run.cachedTokens} cached` : "";
+    parts.push(`${run.promptTokens} prompt tokens${cached}`);
+  }
+  if (run.completionTokens !== null) parts.push(`${run.completionTokens} completion tokens`);
+  else if (run.chunks) parts.push(`${run.chunks} chunks so far`);
+  if (ttft !== null) parts.push(`first token in ${ttft}`);
+  if (rate !== null) parts.push(`${rate} tokens/s`);
+  footer.textContent = parts.join(" · ");
+}
+
+// A turn in the transcript: the person's message (plain text) and the answer's element, which becomes
+// #pg-output (the one being written) until the next turn takes the id.
+function addTurn(prompt) {
+  const turn = document.createElement("div");
+  turn.className = "turn";
+  const user = document.createElement("div");
+  user.className = "msg user";
+  user.textContent = prompt;
+  const answer = document.createElement("div");
+  answer.className = "msg assistant";
+  const footer = document.createElement("div");
+  footer.className = "turn-figures";
+  turn.append(user, answer, footer);
+  $("pg-output")?.removeAttribute("id");
+  answer.id = "pg-output";
+  $("pg-conversation").append(turn);
+  return { turn, answer, footer };
+}
+
+function clearConversation() {
+  history = [];
+  $("pg-output")?.removeAttribute("id");
+  $("pg-conversation").replaceChildren();
+  for (const id of ["pg-ttft", "pg-rate", "pg-prompt-tokens", "pg-cached-tokens", "pg-completion-tokens"]) setText(id, null);
+  setState("idle");
+  showMessage("pg-message", "");
 }
 
 async function send() {
-  const output = $("pg-output");
-  output.replaceChildren();
+  const prompt = $("pg-prompt").value;
+  if (!prompt.trim()) {
+    showMessage("pg-message", "Write a message first.", true);
+    return;
+  }
   showMessage("pg-message", "");
-  for (const id of ["pg-ttft", "pg-rate", "pg-prompt-tokens", "pg-completion-tokens"]) setText(id, null);
+  for (const id of ["pg-ttft", "pg-rate", "pg-prompt-tokens", "pg-cached-tokens", "pg-completion-tokens"]) setText(id, null);
+  const body = requestBody(prompt);
+  const { turn, answer, footer } = addTurn(prompt);
   controller = new AbortController();
   const signal = controller.signal;
   busy(true);
   setState("waiting for the first token…", "warn");
-  const run = { sentAt: performance.now(), firstAt: null, lastAt: 0, chunks: 0, promptTokens: null, completionTokens: null };
+  const run = {
+    sentAt: performance.now(), firstAt: null, lastAt: 0, chunks: 0,
+    promptTokens: null, cachedTokens: null, completionTokens: null,
+  };
+  let text = "";
+  let kept = false; // the turn joins the history once the model answered (or was stopped while it did)
   try {
-    const response = await request("/v1/chat/completions", { method: "POST", body: requestBody(), signal, timeout: false });
+    const response = await request("/v1/chat/completions", { method: "POST", body, signal, timeout: false });
     if (!response.ok) {
       const err = await errorOf(response);
       showMessage("pg-message", err.describe(), true);
@@ -136,8 +194,8 @@ async function send() {
         setState("error", "bad");
         return;
       }
-      const text = chunk.choices?.[0]?.delta?.content;
-      if (text) {
+      const piece = chunk.choices?.[0]?.delta?.content;
+      if (piece) {
         const now = performance.now();
         if (run.firstAt === null) {
           run.firstAt = now;
@@ -145,25 +203,40 @@ async function send() {
         }
         run.lastAt = now;
         run.chunks += 1;
-        output.append(document.createTextNode(text));
+        text += piece;
+        renderAnswer(answer, text);
       }
       if (chunk.usage) {
         run.promptTokens = chunk.usage.prompt_tokens;
         run.completionTokens = chunk.usage.completion_tokens;
+        run.cachedTokens = chunk.usage.prompt_tokens_details?.cached_tokens ?? null;
       }
-      showFigures(run);
+      showFigures(run, footer);
     }
+    kept = !signal.aborted || text.length > 0;
     if (signal.aborted) setState("stopped", "warn");
     else setState(finished ? "done" : "ended without [DONE]", finished ? "ok" : "bad");
   } catch (err) {
     if (signal.aborted) {
+      kept = text.length > 0; // stopped before the first token: nothing was said
       setState("stopped", "warn");
     } else {
       showMessage("pg-message", `Request failed: ${err}`, true);
       setState("error", "bad");
     }
   } finally {
-    showFigures(run);
+    showFigures(run, footer);
+    if (kept) {
+      history.push({ role: "user", content: prompt }, { role: "assistant", content: text });
+      $("pg-prompt").value = "";
+      if (signal.aborted) turn.classList.add("stopped");
+    } else {
+      // Refused, failed, or stopped before a word: not part of the conversation; the message stays in
+      // the box, and the previous answer is #pg-output again.
+      turn.remove();
+      const answers = $("pg-conversation").querySelectorAll(".msg.assistant");
+      if (answers.length) answers[answers.length - 1].id = "pg-output";
+    }
     controller = null;
     busy(false);
   }
@@ -175,5 +248,8 @@ export function setupPlayground() {
   });
   $("pg-stop").addEventListener("click", () => {
     if (controller) controller.abort();
+  });
+  $("pg-clear").addEventListener("click", () => {
+    if (!controller) clearConversation();
   });
 }

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.artifacts.demo_model import ensure_demo_model
+from supervisor.artifacts.demo_model import GEMMA, ensure_demo_model
 from supervisor.artifacts.files import sha256_file
 from supervisor.bench import (
     experiment_charts,
@@ -136,7 +136,8 @@ def _models(args: argparse.Namespace, progress: Progress) -> int:
     files = [_model_spec(m) for m in args.model or ()]
     base = read_base_config(args.config)
     if args.quantize:
-        source = args.source or ensure_demo_model(progress=progress)
+        # The labs' recorded runs derive their types from Gemma 3 270M's Q4_K_M (docs/benchmarks.md).
+        source = args.source or ensure_demo_model(progress=progress, model=GEMMA)
         lock = validate(base, "bench config").llama.lock or default_lock_path()
         files += quant_files.prepare(
             quant_files.parse_types(args.quantize), source.resolve(), lock_path=lock, progress=progress
