@@ -16,6 +16,7 @@ counters and the model router.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -48,6 +49,8 @@ from proxy.routes.ui import ui_routes
 from proxy.settings import ProxySettings
 from proxy.source import UpstreamSnapshot, UpstreamSource
 from proxy.state import ProxyState
+
+log = logging.getLogger("llamagate.proxy")
 
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 # The rows that take slot permits: what ``/admin/load``'s ``answered`` counts (the page's own polls
@@ -175,7 +178,10 @@ def create_app(
         if state.settings.access_log and (ctx.route not in _PROBES or ctx.status >= 400):
             write_access_log(ctx, duration_s, method)
         if ctx.genai is not None and state.telemetry is not None:
-            state.telemetry.record(ctx, duration_s)
+            try:
+                state.telemetry.record(ctx, duration_s)
+            except Exception:  # the request is answered; telemetry must never turn it into an error
+                log.exception("OpenTelemetry: recording a request failed")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

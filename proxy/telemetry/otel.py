@@ -37,6 +37,7 @@ from proxy.settings import TelemetrySettings
 # gen_ai.provider.name: llama.cpp is not one of the spec's well-known values; a custom one is allowed.
 PROVIDER = "llama.cpp"
 SERVICE = "llamagate"
+SHUTDOWN_TIMEOUT_S = 10.0
 
 # The spec's explicit bucket boundaries (seconds; tokens).
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -197,8 +198,10 @@ class OtelTelemetry:
         return self._propagator.extract(carrier)
 
     def shutdown(self) -> None:
-        self._traces.shutdown()  # flushes the batch of spans
-        self._meters.shutdown()  # a last collection and export
+        # The pending spans and a last collection of the metrics go out; an unreachable collector holds
+        # the stop for at most the exporters' timeout (10 s, or OTEL_EXPORTER_OTLP_TIMEOUT) each.
+        self._traces.shutdown()
+        self._meters.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_S * 1000)
 
 
 def _error_type(ctx: RequestContext) -> str | None:

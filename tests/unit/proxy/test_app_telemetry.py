@@ -191,3 +191,19 @@ async def test_a_replayed_request_has_a_replay_event_and_the_final_attempts_figu
         assert event.name == "llamagate.replay"
         assert attributes(event.attributes)["llamagate.replay.reason"] == "closed"
         assert span.start_time_unix_nano < event.time_unix_nano < span.end_time_unix_nano
+
+
+async def test_a_failing_recorder_leaves_the_answer_alone_and_says_so(
+    proxy_factory: ProxyFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with otlp_receiver() as rx:
+        async with proxy_factory(telemetry=TelemetrySettings(endpoint=rx.url)) as p, p.client() as c:
+            assert p.state.telemetry is not None
+
+            def broken(*_: object) -> None:
+                raise RuntimeError("exporter state broken")
+
+            monkeypatch.setattr(p.state.telemetry, "record", broken)
+            r = await c.post("/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200 and r.json()["choices"]
+    assert "OpenTelemetry: recording a request failed" in caplog.text
