@@ -221,7 +221,7 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
 
 # A prompt long enough that the child is still busy with it (a few seconds even on a fast host) while
 # the test checks admission and then leaves: the demo model may end an answer after a few tokens.
-LONG = "word " * 2500
+LONG = "word " * 400  # busy long enough: its prompt, then up to 2000 tokens
 
 
 def _user(prompt: str) -> list[dict[str, str]]:

@@ -53,8 +53,8 @@ def test_models_experiment_with_quality_set(
 def test_models_experiment_compares_a_derived_type_with_its_source(
     tmp_path: Path, llama_server_binary: Path, demo_model: Path, demo_model_sha256: str, demo_q8_0: Path
 ) -> None:
-    """Q4_K_M and the Q8_0 derived from it: size, memory idle and at its peak under load against the
-    budget, speed, the derivation's quality note, a chart, and the load average at both ends."""
+    """Q4_1 (the demo model) and the Q8_0 derived from it: size, memory idle and at its peak under load
+    against the budget, speed, the derivation's quality note, a chart, and the load average at both ends."""
     config = tmp_path / "cfg.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -72,7 +72,7 @@ def test_models_experiment_compares_a_derived_type_with_its_source(
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((out / "experiment.json").read_text())
     q4, q8 = data["points"]
-    assert (q4["extra"]["type"], q8["extra"]["type"]) == ("Q4_K_M", "Q8_0")
+    assert (q4["extra"]["type"], q8["extra"]["type"]) == ("Q4_1", "Q8_0")  # the demo model is Q4_1
     derived = json.loads(demo_q8_0.with_name(demo_q8_0.name + ".derived.json").read_text())
     assert q8["identity"]["model"]["sha256"] == derived["sha256"] and q4["extra"]["derived"] is None
     assert q8["extra"]["derived"]["source"]["sha256"] == demo_model_sha256
@@ -94,6 +94,6 @@ def test_models_experiment_compares_a_derived_type_with_its_source(
         assert check["within_tolerance"] == (abs(check["off_by_fraction"]) <= 0.15)
         assert check["within_tolerance"] or "off the peak RSS under load" in check["why"]
     md = (out / "experiment.md").read_text()
-    assert "| Q8_0 |" in md and "carries Q4_K_M's quality" in md and "not quality" in md
+    assert "| Q8_0 |" in md and "carries Q4_1's quality" in md and "not quality" in md
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert set(json.loads((out / "provenance.json").read_text())["load_average"]) == {"start", "end"}

@@ -56,20 +56,20 @@ def bench() -> Iterator[Bench]:
 def test_model_quantize_derives_a_real_q5_k_m_of_the_demo_model(
     tmp_path: Path, llama_quantize_binary: Path, demo_model: Path, demo_model_sha256: str
 ) -> None:
-    out = tmp_path / "gemma-q5_k_m.gguf"
+    out = tmp_path / "demo-q5_k_m.gguf"
     argv = [sys.executable, "-m", "supervisor", "model", "quantize", str(demo_model), "--type", "Q5_K_M"]
     done = subprocess.run(
         [*argv, "--out", str(out)], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((tmp_path / "gemma-q5_k_m.gguf.derived.json").read_text())
+    record = json.loads((tmp_path / "demo-q5_k_m.gguf.derived.json").read_text())
     # The real tool made a real file of the asked type, of the same model, recorded by its sha256.
     assert file_type(out) == "Q5_K_M" and read_shape(out) == read_shape(demo_model)
     assert record["sha256"] == sha256_fresh(out) and f"sha256: {record['sha256']}" in done.stdout
-    assert record["source"] == {"path": str(demo_model), "sha256": demo_model_sha256, "type": "Q4_K_M"}
+    assert record["source"] == {"path": str(demo_model), "sha256": demo_model_sha256, "type": "Q4_1"}
     assert record["llama_quantize"]["binary_sha256"] == sha256_fresh(llama_quantize_binary)
     assert "--allow-requantize" in record["llama_quantize"]["argv"]
-    assert "carries Q4_K_M's quality, not Q5_K_M's" in done.stdout
+    assert "carries Q4_1's quality, not Q5_K_M's" in done.stdout
     again = subprocess.run([*argv, "--out", str(out), "--json"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and json.loads(again.stdout)["cache_hit"] is True
 

@@ -54,7 +54,8 @@ def test_real_build_passes_verify_with_a_smoke_decode(
     assert (
         checks["binary"]["found"] == read_receipt(llama_server_binary.parent / "receipt.json").binary_sha256
     )
-    assert checks["model"]["found"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    # The default demo model, SmolLM2 135M Instruct Q4_1, by its pinned digest.
+    assert checks["model"]["found"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert checks["serve"]["ok"] and "one token decoded" in checks["serve"]["detail"]
 
 
@@ -100,7 +101,7 @@ def test_demo_model_with_a_wrong_sha256_is_refused(cache_root: Path, demo_model:
         "--model", str(demo_model), "--model-sha256", "0" * 64,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "FAIL  model" in done.stdout and "a5fd3b62230aa5ec" in done.stdout
+    assert "FAIL  model" in done.stdout and "b179c9523d0e6a0f" in done.stdout
 
 
 def test_sigkill_of_verify_during_the_smoke_decode_leaves_no_child(cache_root: Path, tmp_path: Path) -> None:

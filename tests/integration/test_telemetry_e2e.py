@@ -90,7 +90,7 @@ def test_chat_stream_refusal_and_traceparent_are_exported_without_text(
     spans = _server_spans(receiver)
 
     span, a = spans[ids[0]]
-    assert span.name == "chat gemma-3-270m"
+    assert span.name == "chat smollm2-135m-instruct"
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "llama.cpp"
     assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "smollm2-135m-instruct"
     assert a["gen_ai.request.max_tokens"] == 12 and a["gen_ai.request.temperature"] == 0.0

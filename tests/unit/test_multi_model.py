@@ -33,7 +33,7 @@ def problems(text: str) -> list[str]:
 # --- configuration -----------------------------------------------------------------------------------
 def test_the_embedded_default_and_a_llama_section_are_one_always_model() -> None:
     (only,) = served_models(Config())
-    assert (only.name, only.residency, only.idle_unload_s) == ("gemma-3-270m", "always", None)
+    assert (only.name, only.residency, only.idle_unload_s) == ("smollm2-135m-instruct", "always", None)
     assert only.cfg == Config()  # the one-model daemon gets its config untouched
     cfg = parse_config("llama: {model: {alias: mine}, slots: 3}\nproxy: {model_aliases: [other]}\n")
     (only,) = served_models(cfg)
