@@ -98,13 +98,14 @@ llamagate: no API key in the configuration; this one is valid until the daemon s
 
   curl {base}/v1/chat/completions -H "Authorization: Bearer {key}" \\
        -H "Content-Type: application/json" \\
-       -d '{{"model": "{alias}", "max_tokens": 64, "messages": [{{"role": "user", "content": "Hello"}}]}}'
+       -d '{{"model": "{alias}", "max_tokens": 64, "temperature": 0,
+            "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
   # Python, OpenAI SDK
   from openai import OpenAI
   client = OpenAI(base_url="{base}/v1", api_key="{key}")
   reply = client.chat.completions.create(
-      model="{alias}", max_tokens=64, messages=[{{"role": "user", "content": "Hello"}}]
+      model="{alias}", max_tokens=64, temperature=0, messages=[{{"role": "user", "content": "Hello"}}]
   )
   print(reply.choices[0].message.content)
 

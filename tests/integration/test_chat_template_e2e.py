@@ -26,11 +26,15 @@ def template_debris(text: str) -> list[str]:
 
 
 def test_the_default_demo_model_answers_hello_and_stops_by_itself(daemon_factory: DaemonFactory) -> None:
-    """The README's request: "Hello" with max_tokens 64 ends with finish_reason stop, no template debris."""
+    """The README's and the start banner's request: "Hello", max_tokens 64, temperature 0 (the same answer
+    every time) ends with finish_reason stop, without template debris."""
     d = daemon_factory({})
     client = OpenAI(base_url=f"{d.base_url}/v1", api_key=d.inference_key, max_retries=0)
     reply = client.chat.completions.create(
-        model="smollm2-135m-instruct", max_tokens=64, messages=[{"role": "user", "content": "Hello"}]
+        model="smollm2-135m-instruct",
+        max_tokens=64,
+        temperature=0,
+        messages=[{"role": "user", "content": "Hello"}],
     )
     content = reply.choices[0].message.content or ""
     assert reply.choices[0].finish_reason == "stop", content
