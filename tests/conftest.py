@@ -26,15 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "llama-build.lock"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The suite runs on two pytest-xdist workers (pyproject's addopts). The integration tests stay one
-    at a time, all on one worker: each runs llama-server children sized for the whole host, and several
-    at once would only slow each other; the unit tests share the other worker's time with them."""
-    for item in items:
-        if item.get_closest_marker("integration") is not None:
-            item.add_marker(pytest.mark.xdist_group("integration"))
-
-
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
     override = os.environ.get("LLAMAGATE_TEST_BINARY")
