@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -219,11 +220,12 @@ def _official_clients(d: Daemon, clients: ExitStack) -> None:
     assert "QUOKKA" not in text and d.inference_key not in text
 
 
-# A prompt long enough that the child is still busy with it (a few seconds even on a fast host) while
-# the test checks admission and then leaves: the demo model may end an answer after a few tokens (and
-# the Anthropic and Responses routes do not pass ignore_eos on). One batch (under 2,048 tokens): the
-# child finishes a batch before it can notice the client left, and 2,500 words cost 66 s of the suite.
-LONG = "word " * 1000
+# A prompt long enough that the child is still busy with it (a second or more) while the test checks
+# admission and then leaves, and a base model (Gemma 3 270M) that keeps generating after it: an instruct
+# model may end its answer at once, and the Anthropic and Responses routes do not pass ignore_eos on. One
+# batch (under 2,048 tokens): the child finishes a batch before it can notice the client left, and 2,500
+# words cost 66 s of the suite.
+LONG = "word " * 600
 
 
 def _user(prompt: str) -> list[dict[str, str]]:
@@ -255,9 +257,17 @@ STREAMS: list[tuple[str, Callable[[str, int], dict[str, Any]], bytes]] = [
 ]
 
 
-def test_every_streaming_format_is_admitted_measured_and_freed(daemon_factory: DaemonFactory) -> None:
+def test_every_streaming_format_is_admitted_measured_and_freed(
+    daemon_factory: DaemonFactory, gemma_model: Path
+) -> None:
+    from supervisor.artifacts.demo_model import GEMMA
+
+    gemma = {"path": str(gemma_model), "sha256": GEMMA.sha256, "alias": MODEL}  # served under MODEL
     d = daemon_factory(
-        {"tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0, "queue_timeout_s": 5}]}
+        {
+            "llama": {"model": gemma},
+            "tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0, "queue_timeout_s": 5}],
+        }
     )
     auth = {"Authorization": f"Bearer {d.inference_key}"}
     admin = {"Authorization": f"Bearer {d.admin_key}"}

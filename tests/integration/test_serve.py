@@ -400,7 +400,7 @@ def test_serve_without_a_config_prints_a_key_and_a_call_that_works(
         keys = set(re.findall(r"\blg_[0-9a-f]{12}_[A-Za-z0-9_-]+", banner))
         assert len(keys) == 1, banner
         key = keys.pop()
-        body = json.loads(re.search(r"-d '(\{.*\})'", banner).group(1))  # type: ignore[union-attr]
+        body = json.loads(re.search(r"-d '(\{.*?\})'", banner, re.S).group(1))  # type: ignore[union-attr]
         assert f"http://127.0.0.1:{port}/v1/chat/completions" in banner
 
         base = f"http://127.0.0.1:{port}"
@@ -416,6 +416,8 @@ def test_serve_without_a_config_prints_a_key_and_a_call_that_works(
         )
         assert r.status_code == 200, r.text
         assert 0 < r.json()["usage"]["completion_tokens"] <= body["max_tokens"]
+        # The printed request is repeatable (temperature 0) and the instruct model ends its answer itself.
+        assert body["temperature"] == 0 and r.json()["choices"][0]["finish_reason"] == "stop", r.text
         # The demo model answers in its own chat format, not in ChatML debris (llama.chat_template).
         content = r.json()["choices"][0]["message"]["content"]
         debris = ("<|im_end|>", "<|im_start|>", "<start_of_turn>", "<end_of_turn>")
