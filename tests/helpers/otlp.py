@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -55,19 +54,6 @@ class Receiver:
                 for span in ss.spans
             ]
 
-    def points(self, name: str) -> list[Any]:
-        """Every histogram data point of the metric ``name`` received (each export is cumulative)."""
-        with self.lock:
-            return [
-                point
-                for req in self.metrics
-                for rm in req.resource_metrics
-                for sm in rm.scope_metrics
-                for metric in sm.metrics
-                if metric.name == name
-                for point in metric.histogram.data_points
-            ]
-
     def metric(self, name: str) -> list[Any]:
         with self.lock:
             return [
@@ -79,12 +65,9 @@ class Receiver:
                 if metric.name == name
             ]
 
-    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the OTLP receiver did not get {what} within {timeout_s:g} s")
-            time.sleep(0.05)
+    def points(self, name: str) -> list[Any]:
+        """Every histogram data point of the metric ``name`` received (each export is cumulative)."""
+        return [point for metric in self.metric(name) for point in metric.histogram.data_points]
 
 
 def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:

@@ -13,6 +13,7 @@ import pytest
 
 from proxy.settings import TelemetrySettings, TenantSettings
 from tests.fakes.fake_llama import _WORD
+from tests.fakes.fake_upstream import eventually
 from tests.helpers.otlp import attributes, otlp_receiver
 from tests.unit.proxy.conftest import ProxyFactory
 
@@ -72,11 +73,7 @@ async def test_spans_and_metrics_of_a_chat_a_stream_a_refusal_and_a_continued_tr
             async with p.client("other") as other:
                 slow = other.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 500})
                 running = asyncio.ensure_future(slow)
-                await asyncio.sleep(0)
-                for _ in range(200):  # wait for the first to hold the tenant's one slot
-                    if p.state.in_flight:
-                        break
-                    await asyncio.sleep(0.01)
+                await eventually(lambda: p.state.in_flight > 0)  # the first holds the tenant's one slot
                 refused = await other.post("/v1/chat/completions", json=CHAT)
                 assert refused.status_code == 429
                 assert (await running).status_code == 200
@@ -171,7 +168,6 @@ def test_telemetry_without_the_extra_is_a_config_error_naming_it(
 async def test_a_replayed_request_has_a_replay_event_and_the_final_attempts_figures(
     proxy_factory: ProxyFactory,
 ) -> None:
-    from tests.fakes.fake_upstream import eventually
     from tests.unit.proxy.routes.test_replay import CHAT as SHORT
     from tests.unit.proxy.routes.test_replay import dies, next_child, waiting
 
