@@ -67,6 +67,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from proxy.admission.idle import IdleWaiters
+from proxy.conversations.slots import Pin, SlotMap
 from proxy.errors import Forbidden, Rejected
 from proxy.settings import DEFAULT_PRIORITY, TenantSettings
 
@@ -89,7 +90,7 @@ class Permit:
     """The right to occupy ``slots`` slots. ``release`` may be called any number of times; only the first
     counts."""
 
-    __slots__ = ("_ctl", "_tenant", "granted_at", "priority", "queue_wait_s", "released", "slots")
+    __slots__ = ("_ctl", "_tenant", "granted_at", "pin", "priority", "queue_wait_s", "released", "slots")
 
     def __init__(
         self,
@@ -108,13 +109,18 @@ class Permit:
         # The request's own priority (its tenant's, or lower), not the aged one.
         self.priority = priority
         self.released = False
+        # The slot of the child it runs on (``proxy.conversations.slots``), set by the pipeline's slot
+        # step; freed when the gate counts the slot free again.
+        self.pin: Pin | None = None
 
     def release(self, linger_s: float = 0.0, confirm: Callable[[], Awaitable[object]] | None = None) -> None:
         """Give the permit back; with ``linger_s`` > 0 its global slots stay taken that much longer, and
         then until ``confirm()`` returns when given."""
         if not self.released:
             self.released = True
-            self._ctl._release(self._tenant, self.granted_at, linger_s, self.slots, confirm, self.priority)
+            self._ctl._release(
+                self._tenant, self.granted_at, linger_s, self.slots, confirm, self.priority, self.pin
+            )
 
 
 @dataclass(eq=False, slots=True)
@@ -196,6 +202,8 @@ class Admission:
         self._service_s: float | None = None
         self._idle = IdleWaiters()
         self._linger_tasks: set[asyncio.Task[None]] = set()
+        # Which of the child's slots hold what (``proxy.conversations.slots``): one map per child.
+        self.slot_map = SlotMap(capacity)
         self.reconfigure(tenants)
 
     # --- what the daemon, metrics and tests read ---------------------------------------------------------
@@ -238,9 +246,11 @@ class Admission:
         return [PriorityLoad(p, self._held_by_priority[p], queued[p]) for p in sorted(levels, reverse=True)]
 
     # --- changes from outside ------------------------------------------------------------------------------
-    def set_capacity(self, capacity: int) -> None:
-        """Follow the child's slot count (it may change on restart). Shrinking never revokes a permit."""
+    def set_capacity(self, capacity: int, generation: int = 0) -> None:
+        """Follow the child's slot count (it may change on restart) and its generation: a new child's
+        slots hold nothing of the old one's. Shrinking never revokes a permit."""
         self._capacity = capacity
+        self.slot_map = SlotMap(capacity, generation)
         self._dispatch()
 
     def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
@@ -380,21 +390,24 @@ class Admission:
         slots: int = 1,
         confirm: Callable[[], Awaitable[object]] | None = None,
         priority: int = DEFAULT_PRIORITY,
+        pin: Pin | None = None,
     ) -> None:
         t.in_flight -= slots
         self._held_by_priority[priority] -= slots
         if linger_s > 0:
             self._lingering += slots
             if confirm is None:
-                asyncio.get_running_loop().call_later(linger_s, self._end_linger, slots)
+                asyncio.get_running_loop().call_later(linger_s, self._end_linger, slots, pin)
             else:
                 task = asyncio.get_running_loop().create_task(
-                    self._confirmed_linger(linger_s, slots, confirm)
+                    self._confirmed_linger(linger_s, slots, confirm, pin)
                 )
                 self._linger_tasks.add(task)
                 task.add_done_callback(self._linger_tasks.discard)
         else:
             self._in_flight -= slots
+            if pin is not None:
+                pin.free()
         if linger_s <= 0:  # an abandoned request says nothing about how long requests take
             held = self._clock() - granted_at
             t.service_s = held if t.service_s is None else t.service_s + _EWMA_ALPHA * (held - t.service_s)
@@ -405,7 +418,7 @@ class Admission:
         self._check_idle()
 
     async def _confirmed_linger(
-        self, linger_s: float, slots: int, confirm: Callable[[], Awaitable[object]]
+        self, linger_s: float, slots: int, confirm: Callable[[], Awaitable[object]], pin: Pin | None
     ) -> None:
         try:
             await asyncio.sleep(linger_s)
@@ -413,11 +426,13 @@ class Admission:
         except Exception as exc:  # a failed check ends the wait; it must not keep the slots forever
             _log.warning("lingering slots released after a failed check: %s", type(exc).__name__)
         finally:  # however it ends (cancelled too): never leak the slots
-            self._end_linger(slots)
+            self._end_linger(slots, pin)
 
-    def _end_linger(self, slots: int = 1) -> None:
+    def _end_linger(self, slots: int = 1, pin: Pin | None = None) -> None:
         self._lingering -= slots
         self._in_flight -= slots
+        if pin is not None:
+            pin.free()
         self._dispatch()
         self._check_idle()
 

@@ -17,7 +17,9 @@ while it waits for something else):
 3. the tenant's total across models (``proxy.admission.totals``);
 4. the tenant's concurrency: as leases in Redis with ``cluster.redis_url`` (``proxy.cluster.steps``);
 5. the slots of the model's child: its lane's gate (``proxy.admission.gate``), given by the endpoint
-   with the request (the only step that depends on the model the body names).
+   with the request (the only step that depends on the model the body names). With its permit the
+   request is given its slot (``proxy.conversations.slots``): the one that holds its conversation
+   when that one is free, chosen among the slots free when the gate granted, never by waiting.
 
 The pipeline is built from the settings by the door's state (``proxy.state``: again on reload), with the
 Redis steps present only when configured; the request path never asks "cluster or not". The endpoint
@@ -90,6 +92,10 @@ class Ask:
     request_id: str = ""
     front: bool = False  # a replay: at the head of its tenant's queue (``proxy.admission.gate``)
     waited_s: float = 0.0
+    # Its conversation's key (``proxy.conversations.key``), and whether its task can be placed on a slot
+    # (a generation the child runs with ``id_slot``; ``proxy.conversations.slots``).
+    conversation: str | None = None
+    placeable: bool = False
 
     @property
     def level(self) -> int:
@@ -128,9 +134,11 @@ class Grant:
         self.ctx.queue_wait_s = (self.ctx.queue_wait_s or 0.0) + seconds
 
     def show(self, rate_headers: list[tuple[bytes, bytes]]) -> None:
-        """A budget step's rate-limit headers; a later step's (the cluster-wide figures) replace them."""
+        """A budget step's rate-limit headers; a later step's (the cluster-wide figures) replace them.
+        The request's other headers (its conversation's key) stay."""
+        others = [h for h in self.ctx.extra_headers if h not in self.rate_headers]
         self.rate_headers = rate_headers
-        self.ctx.extra_headers = rate_headers
+        self.ctx.extra_headers = others + rate_headers
 
     def charge(self, tokens: int) -> None:
         """What the request used, charged to every hold when the grant ends."""
@@ -183,6 +191,7 @@ async def _take_slots(grant: Grant) -> Permit:
         ask.tenant.name, ask.slots, priority=ask.priority, max_wait_s=max_wait_s, front=ask.front
     )
     grant.permit = permit
+    permit.pin = grant.gate.slot_map.take(ask.conversation, permit.slots, ask.placeable)
     grant.waited(permit.queue_wait_s)
     return permit
 

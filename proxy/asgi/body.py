@@ -128,3 +128,11 @@ def parse_object(body: bytes) -> dict[str, Any]:
 
 def dump(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def with_field(raw: bytes, name: str, value: int) -> bytes:
+    """``raw``, a JSON object that has no field ``name``, with ``"name": value`` added as its first field:
+    a per-attempt field (the slot the request runs on) without serialising a long body again."""
+    start = raw.index(b"{") + 1
+    sep = b"" if raw[start:].lstrip().startswith(b"}") else b","
+    return b'{"%s":%d%s%s' % (name.encode(), value, sep, raw[start:])

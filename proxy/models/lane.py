@@ -107,8 +107,9 @@ class Lane:
     def snapshot(self) -> UpstreamSnapshot:
         """One consistent view of the child for this request; keeps the gate equal to its slots."""
         snap = self.entry.source.snapshot()
-        if snap.slots != self.admission.capacity:
-            self.admission.set_capacity(snap.slots)
+        gate = self.admission
+        if snap.slots != gate.capacity or snap.generation != gate.slot_map.generation:
+            gate.set_capacity(snap.slots, snap.generation)
         return snap
 
     async def watch(self, until: Callable[[UpstreamSnapshot], bool], deadline: float) -> UpstreamSnapshot:

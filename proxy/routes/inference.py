@@ -55,6 +55,7 @@ from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
+from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key
 from proxy.errors import (
     BadRequest,
     ContextTooLarge,
@@ -98,6 +99,7 @@ class _Request:
         "account",
         "ctx",
         "entry",
+        "headers",
         "lane",
         "plan",
         "raw",
@@ -116,6 +118,7 @@ class _Request:
         self.tenant = tenant
         self.send = send
         self.receive = receive
+        self.headers: list[tuple[bytes, bytes]] = []
         self.lane: Lane
         self.raw: bytes
         self.plan: _Plan
@@ -156,6 +159,7 @@ class Inference:
         state = self.state
         ctx: RequestContext = scope[SCOPE_KEY]
         req = _Request(ctx, who, state.tenant(who.tenant), send, receive)
+        req.headers = scope["headers"]
         if state.telemetry is not None:
             ctx.genai = genai_for(self.spec.kind, scope["headers"])
         asks = asked(scope["headers"])  # None for nearly every request: it asks nothing
@@ -216,6 +220,13 @@ class Inference:
             payload["return_progress"] = True
             rewrite = True
         req.raw = body.dump(payload) if rewrite else raw
+        # Its conversation, for the slot it runs on (``proxy.conversations``); the answer shows the key.
+        conversation = None
+        if self.spec.generates:
+            cid = conversation_id(req.headers, payload)
+            if cid is not None:
+                conversation = conversation_key(tenant.name, cid)
+                ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
         req.plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
         req.account = open_account(
             state,
@@ -237,6 +248,9 @@ class Inference:
             max_wait_s=asks.max_wait_s if asks is not None else None,
             key_budgets=req.who.budgets,
             request_id=ctx.request_id,
+            conversation=conversation,
+            # An admin's own ``id_slot`` (``proxy.admission.cost``) is the child's to honour, not ours.
+            placeable=self.spec.generates and "id_slot" not in payload,
         )
 
         async def check_prompt() -> None:
@@ -281,7 +295,13 @@ class Inference:
                 relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, req.account.tap(self.fmt))
                 req.account.relay = relay  # charged at the end: the last attempt's usage
                 req.entry.running(relay)
-                await self._forward(snap, req, relay, deadlines)
+                pin = permit.pin
+                raw = (
+                    req.raw
+                    if pin is None or pin.slot is None
+                    else body.with_field(req.raw, "id_slot", pin.slot)
+                )
+                await self._forward(snap, req, raw, relay, deadlines)
                 return
             except UpstreamFailure as exc:
                 reason = replay_reason(exc, ctx) if self.spec.replayable else None
@@ -321,9 +341,9 @@ class Inference:
             permit.release()
 
     async def _forward(
-        self, snap: UpstreamSnapshot, req: _Request, relay: Relay, deadlines: _Deadlines
+        self, snap: UpstreamSnapshot, req: _Request, raw: bytes, relay: Relay, deadlines: _Deadlines
     ) -> None:
-        ctx, plan, raw = req.ctx, req.plan, req.raw
+        ctx, plan = req.ctx, req.plan
         stream = plan.stream
         exchange = relay.exchange
         limit_bytes = self.state.settings.max_response_bytes

@@ -58,7 +58,10 @@ class Exchange:
     retry_after_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the answer says
     content_events: int = 0
+    # The answer's text, kept only when asked (``stream_chat(keep_text=True)``: a conversation sends it back).
+    text: list[str] | None = None
     server: ServerTimings | None = None
     t_done: float | None = None  # when [DONE] arrived
     # What went wrong, short enough to count by (``error`` says it for a reader): "HTTP 502",
@@ -123,10 +126,15 @@ def _absorb(ex: Exchange, event: dict[str, Any], now: float) -> None:
                 ex.t_first_content = now
             ex.t_last_content = now
             ex.content_events += 1
+            if ex.text is not None and isinstance(delta.get("content"), str):
+                ex.text.append(delta["content"])
     usage = event.get("usage")
     if isinstance(usage, dict):
         ex.prompt_tokens = _int(usage.get("prompt_tokens"))
         ex.completion_tokens = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            ex.cached_tokens = _int(details.get("cached_tokens"))
     timings = event.get("timings")
     if isinstance(timings, dict):
         ex.server = ServerTimings(
@@ -190,12 +198,14 @@ async def stream_chat(
     clock: Callable[[], float] = time.monotonic,
     *,
     leave_after_first: bool = False,
+    keep_text: bool = False,
 ) -> Exchange:
     """Send ``body`` (it asks for a stream) and time it; never raises except for cancellation.
 
     ``leave_after_first``: close the connection once the first token has arrived, as a client that
-    goes away mid-answer does (``left`` is then set and the outcome is ``cancelled``)."""
-    ex = Exchange()
+    goes away mid-answer does (``left`` is then set and the outcome is ``cancelled``). ``keep_text``:
+    keep the answer's text (``Exchange.text``)."""
+    ex = Exchange(text=[] if keep_text else None)
     ex.t_send = clock()
     try:
         async with asyncio.timeout(timeout_s):

@@ -373,8 +373,10 @@ def start_llama_server(
     *,
     progress: Progress | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    edit_argv: Callable[[list[str]], list[str]] | None = None,
 ) -> tuple[BareServer, Prepared]:
-    """llama-server alone, with the argv llamagate would give it; returns the launch and its identity."""
+    """llama-server alone, with the argv llamagate would give it (``edit_argv``: changed for a comparison
+    of llamagate's settings with llama-server's own); returns the launch and its identity."""
     progress = progress or NullProgress()
     cfg = validate(config, "bench config")
     prepared = prepare(cfg, progress=progress)
@@ -385,9 +387,10 @@ def start_llama_server(
     private = folder / "home"
     private.mkdir(exist_ok=True)
     log_path = folder / "llama-server.log"
+    argv = build_argv(spec) if edit_argv is None else edit_argv(build_argv(spec))
     with log_path.open("wb") as log:
         proc = popen_tied(
-            build_argv(spec),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -398,7 +401,7 @@ def start_llama_server(
     server.identity = {
         "served": prepared.identity,
         "budget": prepared.budget.as_dict(),
-        "argv": build_argv(spec),
+        "argv": argv,
     }
     try:
         _wait_health(server, ready_timeout_s, progress)

@@ -66,6 +66,10 @@ class Budget:
     prompt_cache_bytes: int = 0
     checkpoint_bytes: int = 0
     ctx_checkpoints: int = 0  # per slot
+    # One sequence's saved state (KV cells and checkpoints) at 1,024 tokens and at a full slot: what a
+    # conversation costs in the prompt cache, which keeps the states the slots give up.
+    state_1k_bytes: int = 0
+    state_full_bytes: int = 0
 
     @property
     def required_bytes(self) -> int:
@@ -115,6 +119,19 @@ class Budget:
             f"required                   {mib(self.required_bytes):>12}",
             f"available minus headroom   {mib(self.usable_bytes):>12}"
             f"  ({mib(self.available_bytes)} available{self._where()} - {mib(self.headroom_bytes)} headroom)",
+            *self._warm(),
+        ]
+
+    def _warm(self) -> list[str]:
+        """How many conversations the host keeps warm: one per slot, and what the prompt cache holds."""
+        if not (self.prompt_cache_bytes and self.state_1k_bytes and self.state_full_bytes):
+            return [f"conversations kept warm    {self.slots:>12}  (one per slot; no prompt cache)"]
+        short = self.prompt_cache_bytes // self.state_1k_bytes
+        full = self.prompt_cache_bytes // self.state_full_bytes
+        return [
+            f"conversations kept warm    {self.slots + short:>12,}  of 1,024 tokens "
+            f"({self.slots} in the slots + {short:,} in the prompt cache at "
+            f"{self.state_1k_bytes / MIB:,.1f} MiB each); {self.slots + full:,} of {self.ctx_per_slot:,}"
         ]
 
     def _where(self) -> str:
@@ -210,4 +227,6 @@ def plan_budget(
         prompt_cache_bytes=prompt_cache_bytes,
         checkpoint_bytes=checkpoints(slots, ctx_per_slot),
         ctx_checkpoints=ctx_checkpoints,
+        state_1k_bytes=kv(1, min(1024, ctx_per_slot)) + checkpoints(1, min(1024, ctx_per_slot)),
+        state_full_bytes=kv(1, ctx_per_slot) + checkpoints(1, ctx_per_slot),
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES = ("run", "sweep", "overload", "experiments", "soak", "scaleout")
+BENCH_MODULES = ("run", "sweep", "overload", "experiments", "soak", "scaleout", "conversations")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure this host: capacity envelope, overload, experiments, soak, scale-out"
+        "bench",
+        help="measure this host: capacity envelope, overload, experiments, soak, scale-out, conversations",
     )
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
     for name in BENCH_MODULES:

@@ -65,6 +65,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--metrics",), lambda s: True),
     Flag(("-a", "--alias"), lambda s: s.alias),
     Flag(("--no-ui", "--no-webui", "--ui", "--webui"), lambda s: True),
+    # The proxy places conversations on slots (proxy/conversations/slots.py says why both): no prompt is
+    # more than 100 % similar, so every request on a used slot goes through the RAM prompt cache (the
+    # state it replaces is saved there), and idle slots are not copied to it on every new task.
+    Flag(("-sps", "--slot-prompt-similarity"), lambda s: "1.0"),
+    Flag(("--no-cache-idle-slots", "--cache-idle-slots"), lambda s: True),
     *(flag for k in knobs.KNOBS for flag in k.flags()),
 )
 

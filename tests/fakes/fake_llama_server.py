@@ -49,6 +49,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("-ctv", "--cache-type-v")
     p.add_argument("--cache-ram")
     p.add_argument("--ctx-checkpoints")
+    p.add_argument("-sps", "--slot-prompt-similarity")
+    p.add_argument("--no-cache-idle-slots", action="store_true")
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--no-ui", action="store_true")
     p.add_argument("--embeddings", action="store_true")

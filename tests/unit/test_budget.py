@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,26 @@ def test_the_demo_models_budget_by_hand() -> None:
     assert (tight.max_ctx_per_slot, tight.max_slots) == (2048, 1)
     assert "llama.ctx_per_slot <= 2048 (now 4096)" in tight.refusal()
     assert "needs 931 MiB" in tight.refusal()  # 976,703,203 / 1,048,576 = 931.4
+
+
+def test_the_plan_says_how_many_conversations_stay_warm() -> None:
+    # SmolLM2's shape: 30 layers, 3 KV heads of 64, f16: 23,040 B of state per token.
+    smol = ModelShape("llama", 30, 9, (3,) * 30, 64, 64, 8192, None, None)
+    b = plan_budget(
+        smol,
+        weights=94 * MIB,
+        slots=2,
+        ctx_per_slot=4096,
+        type_k="f16",
+        type_v="f16",
+        headroom_bytes=0,
+        available=64 * 1024 * MIB,
+        prompt_cache_bytes=256 * MIB,
+    )
+    assert b.state_1k_bytes == 1024 * 23_040 and b.state_full_bytes == 4096 * 23_040
+    line = b.lines()[-1]
+    # 256 MiB / 22.5 MiB = 11 in the cache, 2 in the slots; 256 MiB / 90 MiB = 2 at a full slot.
+    assert line.split()[:4] == ["conversations", "kept", "warm", "13"]
+    assert "2 in the slots + 11 in the prompt cache at 22.5 MiB each" in line and "4 of 4,096" in line
+    without = dataclasses.replace(b, prompt_cache_bytes=0)
+    assert "one per slot; no prompt cache" in without.lines()[-1]

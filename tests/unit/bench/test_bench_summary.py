@@ -164,3 +164,22 @@ def test_summary_dict_names_failing_checks() -> None:
     d = summarize([rec(0, outcome="failed")], GATES, "x").to_dict()
     assert d["verdict"]["failing"] == ["ttft_p95", "failures"]
     assert d["gates"]["ttft_ms"] == 1000
+
+
+def test_conversation_figures_against_the_reusable_maximum() -> None:
+    from supervisor.bench.commands.conversations import llama_server_defaults
+    from supervisor.bench.conversations import TargetResult, Turn
+
+    r = TargetResult("t")
+    r.turns = [
+        Turn(0, 0, 100, 0, 8, 1.0),
+        Turn(0, 1, 200, 108, 8, 0.5, reusable_tokens=108),  # all of the previous turn from cache
+        Turn(0, 2, 300, 20, 8, 2.0, reusable_tokens=208),  # most of it recomputed
+    ]
+    s = r.summary()
+    assert s["cached_share"] == 128 / 500 and s["reusable_share"] == 316 / 500
+    assert s["of_reusable"] == 128 / 316 and s["turns_below_half"] == 1 and s["later_turns"] == 2
+    assert s["prompt_tokens_evaluated"] == 100 + 92 + 280
+    assert s["ttft_median_ms_by_turn"] == {1: 1000.0, 2: 500.0, 3: 2000.0}
+    argv = ["llama-server", "-m", "x", "-sps", "1.0", "--no-cache-idle-slots", "-np", "2"]
+    assert llama_server_defaults(argv) == ["llama-server", "-m", "x", "-np", "2"]

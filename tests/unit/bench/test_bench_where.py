@@ -39,7 +39,11 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
     table = [line for line in _where_table().splitlines() if line.startswith("| `")]
     product = {m.group(1) for line in table if (m := PRODUCT.match(line.split("`")[1]))}
     moved = {m.group(1) for line in table if (m := MOVED.match(line.split("`")[1]))}
-    assert product == _product_commands() == {"run", "sweep", "overload", "experiment", "soak", "scaleout"}
+    assert (
+        product
+        == _product_commands()
+        == {"run", "sweep", "overload", "experiment", "soak", "scaleout", "conversations"}
+    )
     benchmarks = {"proxy", "proxy_opcodes", "startup", "scrape", "cache", "models", "lease", "store_write"}
     assert moved == _moved_benchmarks() == benchmarks
 

@@ -1,0 +1,207 @@
+"""``conversations``: multi-turn chats against a target, measured in prompt tokens served from cache.
+
+A chat client sends the whole history every turn, so all of turn k's prompt but the last user message
+could come from llama-server's cache: the *reusable maximum* of a later turn is what the previous turn's
+prompt and answer held. The workload: ``conversations`` chats of ``turns`` turns, all open at once, at
+most ``concurrency`` requests in flight; every chat opens with the same system prompt (an application's)
+and a first message of its own; user turns of ``user_tokens``, answers of ``answer_tokens`` (greedy,
+``ignore_eos``). The text is drawn from a word list with a fixed seed: the same workload on every target.
+
+Recorded per target, over the later turns (k >= 2): the cached share (cached / prompt tokens, from the
+child's own ``cached_tokens``/``cache_n``: the same on any host) against the reusable maximum, turns
+below 50 % cached, prompt tokens evaluated (every turn), and the median time to first token by turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from supervisor.bench.client import Target, stream_chat
+from supervisor.errors import LlamagateError
+from supervisor.progress import NullProgress, Progress
+
+_TEXT = (
+    "the river runs past old stone walls where farmers bring apples bread and cheese to the market "
+    "each morning while children watch boats drift slowly under bridges painted green and blue "
+    "a quiet town keeps its history in small museums gardens libraries and long stories told at dinner"
+)
+_WORDS = tuple(_TEXT.split(" "))
+
+
+class ConversationFailed(LlamagateError):
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    conversations: int = 8
+    turns: int = 4
+    concurrency: int = 4
+    system_tokens: int = 300
+    user_tokens: int = 150
+    answer_tokens: int = 8
+    seed: int = 1
+
+
+@dataclass
+class Turn:
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    reusable_tokens: int = 0  # what the previous turn's prompt and answer held (0 on a first turn)
+
+
+@dataclass
+class TargetResult:
+    target: str
+    turns: list[Turn] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def later(self) -> list[Turn]:
+        return [t for t in self.turns if t.turn > 0]
+
+    def summary(self) -> dict[str, Any]:
+        later = self.later()
+        prompt = sum(t.prompt_tokens for t in later)
+        cached = sum(t.cached_tokens for t in later)
+        reusable = sum(min(t.reusable_tokens, t.prompt_tokens) for t in later)
+        by_turn: dict[int, list[float]] = {}
+        for t in self.turns:
+            by_turn.setdefault(t.turn, []).append(t.ttft_s)
+        return {
+            "target": self.target,
+            "cached_share": cached / prompt if prompt else 0.0,
+            "reusable_share": reusable / prompt if prompt else 0.0,
+            "of_reusable": cached / reusable if reusable else 0.0,
+            "turns_below_half": sum(1 for t in later if t.cached_tokens < 0.5 * t.prompt_tokens),
+            "later_turns": len(later),
+            "prompt_tokens_evaluated": sum(t.prompt_tokens - t.cached_tokens for t in self.turns),
+            "ttft_median_ms_by_turn": {
+                k + 1: round(1000 * statistics.median(v), 1) for k, v in sorted(by_turn.items())
+            },
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def run(target: Target, name: str, work: Workload, progress: Progress | None = None) -> TargetResult:
+    return asyncio.run(_run(target, name, work, progress or NullProgress()))
+
+
+async def _run(target: Target, name: str, work: Workload, progress: Progress) -> TargetResult:
+    rng = random.Random(work.seed)  # noqa: S311 - a reproducible workload, not a secret
+    # About one token per word of this list; the counts recorded are the child's own.
+    system = "You are a helpful assistant for a small town. " + _text(rng, work.system_tokens - 10)
+    openings = [f"Conversation {c}: " + _text(rng, work.user_tokens - 4) for c in range(work.conversations)]
+    follow_ups = [
+        [_text(rng, work.user_tokens) for _ in range(work.turns)] for _ in range(work.conversations)
+    ]
+    result = TargetResult(name)
+    gate = asyncio.Semaphore(work.concurrency)
+    done = 0
+    total = work.conversations * work.turns
+    started = time.monotonic()
+    # A fresh connection per request: llama-server does not keep one alive after a streamed answer, and
+    # reusing one it is closing fails with "Server disconnected" (``supervisor.bench.runner`` says the same).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as client:
+
+        async def conversation(c: int) -> None:
+            nonlocal done
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": openings[c]},
+            ]
+            reusable = 0
+            for k in range(work.turns):
+                async with gate:
+                    turn, answer = await _ask(client, target, messages, work.answer_tokens)
+                turn.conversation, turn.turn, turn.reusable_tokens = c, k, reusable
+                result.turns.append(turn)
+                reusable = turn.prompt_tokens + turn.completion_tokens
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": follow_ups[c][k]},
+                ]
+                done += 1
+                progress.update(f"{name}: turns", done / total)
+
+        await asyncio.gather(*(conversation(c) for c in range(work.conversations)))
+    result.seconds = time.monotonic() - started
+    progress.done(f"{name}: turns", f"{total} in {result.seconds:.0f} s")
+    return result
+
+
+async def _ask(
+    client: httpx.AsyncClient, target: Target, messages: list[dict[str, str]], answer_tokens: int
+) -> tuple[Turn, str]:
+    body = {
+        "messages": messages,
+        "max_tokens": answer_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    ex = await stream_chat(client, target, body, timeout_s=600, keep_text=True)
+    if ex.outcome != "ok" or ex.t_send is None or ex.t_first_content is None:
+        raise ConversationFailed(f"a turn failed: {ex.error or ex.outcome}")
+    cached = ex.cached_tokens if ex.cached_tokens is not None else ex.server.cache_n if ex.server else None
+    turn = Turn(
+        conversation=0,
+        turn=0,
+        prompt_tokens=ex.prompt_tokens or 0,
+        cached_tokens=cached or 0,
+        completion_tokens=ex.completion_tokens or 0,
+        ttft_s=ex.t_first_content - ex.t_send,
+    )
+    return turn, "".join(ex.text or ())
+
+
+def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[str] = ()) -> str:
+    turns = range(1, work.turns + 1)
+    head = (
+        "| target | cached / prompt, turns >= 2 | of the reusable maximum | turns below 50 % "
+        "| prompt tokens evaluated | " + " | ".join(f"TTFT turn {k} (ms)" for k in turns) + " |"
+    )
+    lines = [
+        f"{work.conversations} conversations x {work.turns} turns at concurrency {work.concurrency}: "
+        f"a shared system prompt of ~{work.system_tokens} tokens, user turns of ~{work.user_tokens}, "
+        f"answers of {work.answer_tokens} tokens (greedy, ignore_eos).",
+        "",
+        head,
+        "|" + "---|" * (5 + work.turns),
+    ]
+    for r in results:
+        s = r.summary()
+        ttft = s["ttft_median_ms_by_turn"]
+        lines.append(
+            f"| {r.target} | {s['cached_share']:.2f} (max {s['reusable_share']:.2f}) | "
+            f"{100 * s['of_reusable']:.0f} % | {s['turns_below_half']} of {s['later_turns']} | "
+            f"{s['prompt_tokens_evaluated']:,} | "
+            + " | ".join(f"{ttft.get(k, 0):,.0f}" for k in turns)
+            + " |"
+        )
+    lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def to_dict(results: Sequence[TargetResult], work: Workload) -> dict[str, Any]:
+    return {
+        "workload": asdict(work),
+        "targets": [{**r.summary(), "turns": [asdict(t) for t in r.turns]} for r in results],
+    }
