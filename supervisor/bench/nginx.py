@@ -1,12 +1,14 @@
 """A real nginx in front of llamagate replicas: the shipped ``deploy/nginx/llamagate.conf``, run as a child.
 
 The scale-out test and ``llamagate bench scaleout`` run the operator's file itself, not a look-alike: only
-its replica lines (``server ... # replica``) and its ``listen`` port are replaced. The comparison mode
-``round-robin`` then removes exactly two things, ``least_conn`` and the retry rule, so the two runs differ
-only in what is being compared. nginx runs in the foreground (``daemon off``) as a single process
-(``master_process off``: a master's workers would outlive a master killed by SIGKILL, they carry no
-parent-death signal), under a private prefix folder, tied to this process (``child.spawn.popen_tied``: it dies
-with it, even by SIGKILL) and stopped with SIGQUIT (graceful), then SIGKILL.
+its replica lines (``server ... # replica``), its ``listen`` port and the path of its conversation script
+(``conversation.js`` beside it) are replaced. The comparison modes change one thing each, so two runs
+differ only in what is being compared: ``least-conn`` balances by load instead of hashing conversations;
+``round-robin`` removes the balancing line and the retry rule. nginx runs in the foreground (``daemon
+off``) as a single process (``master_process off``: a master's workers would outlive a master killed by
+SIGKILL, they carry no parent-death signal), under a private prefix folder, with the JavaScript module
+loaded (``load_module``), tied to this process (``child.spawn.popen_tied``: it dies with it, even by
+SIGKILL) and stopped with SIGQUIT (graceful), then SIGKILL.
 """
 
 from __future__ import annotations
@@ -25,25 +27,38 @@ from typing import Literal
 from supervisor.child.spawn import free_port, popen_tied, port_open, stop_popen
 from supervisor.errors import StartupError, UsageError
 
-Mode = Literal["balanced", "round-robin"]
-MODES: tuple[Mode, ...] = ("balanced", "round-robin")
+Mode = Literal["balanced", "least-conn", "round-robin"]
+MODES: tuple[Mode, ...] = ("balanced", "least-conn", "round-robin")
 SHIPPED_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "llamagate.conf"
+CONVERSATION_JS = SHIPPED_CONF.with_name("conversation.js")
+# Debian's libnginx-mod-http-js; a private nginx loads it itself (the system one does through
+# /etc/nginx/modules-enabled).
+JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 # One access-log line per request: status, every replica tried and what each answered (nginx lists them
 # comma-separated in order), so a test can see a refusal being retried on the next replica.
 ACCESS_FORMAT = "$status|$upstream_addr|$upstream_status|$request_time"
 
 _REPLICA = re.compile(r"^[ \t]*server[ \t]+\S+[^\n]*#[ \t]*replica[ \t]*\n", re.MULTILINE)
 _LISTEN = re.compile(r"^([ \t]*)listen[ \t]+\S+;", re.MULTILINE)
-_LEAST_CONN = re.compile(r"^[ \t]*least_conn;[ \t]*\n", re.MULTILINE)
+_BALANCING = re.compile(r"^([ \t]*)hash \$llamagate_conversation consistent;[ \t]*\n", re.MULTILINE)
+_JS_IMPORT = re.compile(r"^([ \t]*js_import[ \t]+\w+[ \t]+from[ \t]+)\S+;", re.MULTILINE)
 _NEXT_UPSTREAM = re.compile(r"^([ \t]*)proxy_next_upstream[ \t][^\n]*\n", re.MULTILINE)
 _NEXT_UPSTREAM_ANY = re.compile(r"^[ \t]*proxy_next_upstream_\w+[ \t][^\n]*\n", re.MULTILINE)
 
 
-def render_site(shipped: str, replicas: Sequence[str], listen_port: int, mode: Mode = "balanced") -> str:
-    """The shipped site file with ``replicas`` (``host:port``) and ``listen_port`` put in.
+def render_site(
+    shipped: str,
+    replicas: Sequence[str],
+    listen_port: int,
+    mode: Mode = "balanced",
+    script: Path = CONVERSATION_JS,
+) -> str:
+    """The shipped site file with ``replicas`` (``host:port``), ``listen_port`` and the conversation
+    ``script``'s path put in.
 
-    ``round-robin`` is the baseline: nginx's default balancing and no retries (``proxy_next_upstream off``).
-    Raises ``UsageError`` when the file no longer has the lines this relies on."""
+    ``least-conn``: load balancing instead of conversation hashing. ``round-robin`` is the baseline:
+    nginx's default balancing and no retries (``proxy_next_upstream off``). Raises ``UsageError`` when
+    the file no longer has the lines this relies on."""
     if not replicas:
         raise UsageError("no replicas to balance")
     found = list(_REPLICA.finditer(shipped))
@@ -58,12 +73,22 @@ def render_site(shipped: str, replicas: Sequence[str], listen_port: int, mode: M
     if n != 1:
         raise UsageError(f"nginx site file: expected one `listen` directive, found {n}")
     out = re.sub(r"proxy_next_upstream_tries \d+;", f"proxy_next_upstream_tries {len(replicas)};", out)
-    if mode == "round-robin":
-        out, n_lc = _LEAST_CONN.subn("", out)
+    out, n_js = _JS_IMPORT.subn(rf"\g<1>{script};", out)
+    if n_js != 1:
+        raise UsageError(f"nginx site file: expected one `js_import ... from PATH;` line, found {n_js}")
+    if mode == "least-conn":
+        out, n_b = _BALANCING.subn(r"\g<1>least_conn;\n", out)
+        if n_b != 1:
+            raise UsageError("nginx site file: expected one `hash $llamagate_conversation consistent;` line")
+    elif mode == "round-robin":
+        out, n_b = _BALANCING.subn("", out)
         out = _NEXT_UPSTREAM_ANY.sub("", out)
         out, n_nu = _NEXT_UPSTREAM.subn(r"\g<1>proxy_next_upstream off;\n", out)
-        if n_lc != 1 or n_nu != 1:
-            raise UsageError("nginx site file: expected one `least_conn;` and one `proxy_next_upstream` line")
+        if n_b != 1 or n_nu != 1:
+            raise UsageError(
+                "nginx site file: expected one `hash $llamagate_conversation consistent;` and one "
+                "`proxy_next_upstream` line"
+            )
     return out
 
 
@@ -74,7 +99,8 @@ def main_conf(prefix: Path, site: Path) -> str:
         f"    {kind}_temp_path {prefix / 'tmp' / kind};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    return f"""{user}master_process off;
+    load = f"load_module {JS_MODULE};\n"
+    return f"""{load}{user}master_process off;
 daemon off;
 pid {prefix / "nginx.pid"};
 error_log {prefix / "error.log"} info;
@@ -149,6 +175,11 @@ def start_nginx(
     binary = nginx_binary()
     if binary is None:
         raise StartupError("nginx is not installed (Debian: apt-get install nginx)")
+    if not JS_MODULE.exists():
+        raise StartupError(
+            f"nginx's JavaScript module is not installed ({JS_MODULE}; Debian: apt-get install "
+            "libnginx-mod-http-js)"
+        )
     try:
         shipped = site_conf.read_text(encoding="utf-8")
     except OSError as exc:

@@ -31,6 +31,8 @@ TOOL_PACKAGES: dict[str, str] = {
     "prometheus": "prometheus",
     "systemd-analyze": "systemd",
     "nginx": "nginx",
+    # nginx's JavaScript module (njs), which the shipped nginx file's conversation hash needs: a file.
+    "nginx-js": "libnginx-mod-http-js",
     "chromium": "chromium",
     "chromedriver": "chromium-driver",
     "redis-server": "redis-server",
@@ -63,8 +65,14 @@ def _postgresql_dirs() -> list[str]:
     return [str(p / "bin") for p in versions if (p / "bin").is_dir()]
 
 
+# Tools that are files rather than programs, where Debian installs them.
+_FILES = {"nginx-js": Path("/usr/lib/nginx/modules/ngx_http_js_module.so")}
+
+
 def find_tool(name: str) -> str | None:
     """The tool's path on PATH, else where Debian puts it off a user's PATH; None when it is missing."""
+    if name in _FILES:
+        return str(_FILES[name]) if _FILES[name].exists() else None
     path = os.environ.get("PATH", "")
     return shutil.which(name, path=os.pathsep.join([path, *_EXTRA_DIRS, *_postgresql_dirs()]))
 

@@ -108,7 +108,9 @@ def replica_set(
         daemons = [factory(overrides, wait_ready=False) for _ in range(REPLICAS)]
         for d in daemons:
             d.wait_ready()
-        nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], folder / "nginx")
+        # Balanced by load (the shipped file's least_conn variant): these tests spread one repeated request
+        # over the replicas to check the limits they share; hashed as one conversation, it would stay on one.
+        nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], folder / "nginx", mode="least-conn")
         keys = {"default": admin_key, "metered": metered_key, "fleet": fleet_key}
         yield ReplicaSet(daemons, nginx, redis_server, keys)
     finally:

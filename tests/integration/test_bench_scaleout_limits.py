@@ -17,7 +17,10 @@ import yaml
 from supervisor.child.spawn import popen_tied
 from tests.integration.conftest import process_gone
 
-pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "redis-server", "initdb", "postgres")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.needs_tool("nginx", "nginx-js", "redis-server", "initdb", "postgres"),
+]
 
 
 def test_scaleout_compares_shared_limits_with_per_replica_limits(

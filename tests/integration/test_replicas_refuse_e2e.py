@@ -32,7 +32,10 @@ from tests.integration.replica_set import (
     until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "redis-server", "initdb", "postgres")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.needs_tool("nginx", "nginx-js", "redis-server", "initdb", "postgres"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from supervisor.bench.nginx import Nginx, start_nginx
 from supervisor.config.keys import ADMIN, new_key_config
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx")]
+pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "nginx-js")]
 
 REPLICAS = 3
 MODEL = "smollm2-135m-instruct"
@@ -144,16 +144,32 @@ async def test_three_streams_take_three_replicas_and_a_fourth_is_refused_by_all(
     wait_until(lambda: all(replicas.in_flight(d) == 0 for d in replicas.daemons), "slots freed", 60)
 
 
+# The conversation of the requests sent through nginx after the victim refuses: the shipped file hashes
+# a conversation to one replica, and the victim is that replica, so every one of them meets it first.
+SESSION = {"X-Session-Id": "the-victims-conversation"}
+
+
 async def _sequential(client: httpx.AsyncClient, url: str, n: int) -> list[int]:
-    return [(await client.post(url, json=chat(4, False))).status_code for _ in range(n)]
+    return [(await client.post(url, json=chat(4, False), headers=SESSION)).status_code for _ in range(n)]
+
+
+async def _home(client: httpx.AsyncClient, replicas: ReplicaSet) -> Daemon:
+    """The replica nginx sends the requests of ``SESSION`` to."""
+    logged = len(replicas.nginx.access_log()) + 1
+    r = await client.post(replicas.nginx.url + "/v1/chat/completions", json=chat(1, False), headers=SESSION)
+    assert r.status_code == 200, r.text
+    wait_until(lambda: len(replicas.nginx.access_log()) >= logged, "nginx logged the request", 10)
+    addr = replicas.nginx.access_log()[-1].tried[-1]
+    (home,) = [d for d in replicas.daemons if replicas.addr(d) == addr]
+    return home
 
 
 async def test_killed_child_fails_its_own_stream_and_the_others_take_new_requests(
     replicas: ReplicaSet,
 ) -> None:
-    victim = replicas.daemons[0]
     url = replicas.nginx.url + "/v1/chat/completions"
     async with httpx.AsyncClient(headers=replicas.headers, timeout=120.0, trust_env=False) as client:
+        victim = await _home(client, replicas)
         # The in-flight request, straight on the victim (so it is known which replica holds it).
         response, lines = await _open_stream(
             client, victim.base_url + "/v1/chat/completions", chat(400, True)
@@ -176,9 +192,9 @@ async def test_killed_child_fails_its_own_stream_and_the_others_take_new_request
     why = f"{records}\n{replicas.nginx.error_log()[-3000:]}"
     assert statuses == [200] * (2 * REPLICAS), why
     assert all(r.tried[-1] != replicas.addr(victim) for r in records)
-    # nginx met the victim on its way (round robin among equally idle replicas) and moved on from its 503.
-    passed_on = [r for r in records if r.tried[0] == replicas.addr(victim)]
-    assert passed_on and all(r.answers[0] == "503" and r.answers[-1] == "200" for r in passed_on)
+    # nginx met the victim first every time (the conversation's replica) and moved on from its 503.
+    assert all(r.tried[0] == replicas.addr(victim) for r in records)
+    assert records and all(r.answers[0] == "503" and r.answers[-1] == "200" for r in records)
     code, body = victim.readyz()
     assert code == 503 and body["ready"] is False
 
@@ -186,9 +202,9 @@ async def test_killed_child_fails_its_own_stream_and_the_others_take_new_request
 async def test_draining_replica_finishes_its_stream_and_sends_new_requests_elsewhere(
     replicas: ReplicaSet,
 ) -> None:
-    victim = replicas.daemons[0]
     url = replicas.nginx.url + "/v1/chat/completions"
     async with httpx.AsyncClient(headers=replicas.headers, timeout=120.0, trust_env=False) as client:
+        victim = await _home(client, replicas)
         response, lines = await _open_stream(
             client, victim.base_url + "/v1/chat/completions", chat(160, True)
         )
@@ -209,8 +225,8 @@ async def test_draining_replica_finishes_its_stream_and_sends_new_requests_elsew
     assert victim.wait_exit(60) == 0
     records = replicas.nginx.access_log()[before:]
     assert all(r.tried[-1] != replicas.addr(victim) for r in records)
-    passed_on = [r for r in records if r.tried[0] == replicas.addr(victim)]
-    assert passed_on, "nginx never tried the draining replica first: round robin did not reach it"
-    # 503 while draining (or a refused connection, shown as 502, once it had exited).
-    assert all(r.answers[0] in {"503", "502"} and r.answers[-1] == "200" for r in passed_on)
-    assert draining_while_sent or any(r.answers[0] == "503" for r in passed_on)
+    # nginx tried the draining replica first every time (the conversation's replica): 503 while draining
+    # (or a refused connection, shown as 502, once it had exited).
+    assert records and all(r.tried[0] == replicas.addr(victim) for r in records)
+    assert all(r.answers[0] in {"503", "502"} and r.answers[-1] == "200" for r in records)
+    assert draining_while_sent or any(r.answers[0] == "503" for r in records)

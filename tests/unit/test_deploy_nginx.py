@@ -26,9 +26,15 @@ def directives(text: str) -> list[str]:
     return out
 
 
-def test_shipped_config_balances_by_load_and_retries_only_refusals() -> None:
+def test_shipped_config_hashes_conversations_and_retries_only_refusals() -> None:
     d = directives(SHIPPED)
-    assert "least_conn;" in d
+    # A conversation's turns to one replica, by the id the shipped script computes from the request.
+    assert "hash $llamagate_conversation consistent;" in d
+    assert "js_set $llamagate_conversation llamagate_conversation.id;" in d
+    assert "js_import llamagate_conversation from conf.d/llamagate-conversation.js;" in d
+    # The id is read from the body: it must be in one memory buffer, as large as the largest body.
+    assert "client_body_in_single_buffer on;" in d
+    assert "client_body_buffer_size 16m;" in d and "client_max_body_size 16m;" in d
     assert "proxy_next_upstream error timeout http_429 http_503 non_idempotent;" in d
     # Bounded: one try per replica (3 in the shipped example), and a time bound.
     assert "proxy_next_upstream_tries 3;" in d
@@ -62,14 +68,23 @@ def test_render_puts_in_the_replicas_and_the_port() -> None:
     assert servers == ["server 127.0.0.1:9001 max_fails=0;", "server 127.0.0.1:9002 max_fails=0;"]
     assert "listen 127.0.0.1:8999;" in d
     assert "proxy_next_upstream_tries 2;" in d  # one try per replica
-    assert "least_conn;" in d
+    assert "hash $llamagate_conversation consistent;" in d
+    # The conversation script is the shipped one, by its absolute path.
+    assert f"js_import llamagate_conversation from {SHIPPED_CONF.with_name('conversation.js')};" in d
+
+
+def test_least_conn_differs_only_by_balancing() -> None:
+    hashed = directives(render_site(SHIPPED, ["127.0.0.1:9001"], 8999))
+    by_load = directives(render_site(SHIPPED, ["127.0.0.1:9001"], 8999, "least-conn"))
+    assert set(hashed) - set(by_load) == {"hash $llamagate_conversation consistent;"}
+    assert set(by_load) - set(hashed) == {"least_conn;"}
 
 
 def test_round_robin_differs_only_by_balancing_and_retries() -> None:
     balanced = directives(render_site(SHIPPED, ["127.0.0.1:9001"], 8999))
     plain = directives(render_site(SHIPPED, ["127.0.0.1:9001"], 8999, "round-robin"))
     assert set(balanced) - set(plain) == {
-        "least_conn;",
+        "hash $llamagate_conversation consistent;",
         "proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
         "proxy_next_upstream_tries 1;",
         "proxy_next_upstream_timeout 10s;",
@@ -84,8 +99,8 @@ def test_render_refuses_a_file_without_replica_lines() -> None:
         render_site(SHIPPED, [], 2)
 
 
-@pytest.mark.needs_tool("nginx")
-@pytest.mark.parametrize("mode", ["balanced", "round-robin"])
+@pytest.mark.needs_tool("nginx", "nginx-js")
+@pytest.mark.parametrize("mode", ["balanced", "least-conn", "round-robin"])
 def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, mode: str) -> None:
     site = tmp_path / "site.conf"
     site.write_text(render_site(SHIPPED, ["127.0.0.1:9001", "127.0.0.1:9002"], 8999, mode))  # type: ignore[arg-type]

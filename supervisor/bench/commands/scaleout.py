@@ -5,9 +5,10 @@ Starts ``--replicas`` private llamagate daemons (1 slot each, no queue: a busy r
 with 429), then, in alternating order for each round, puts a real nginx in front of them in two ways and
 offers the same closed-loop load (by default twice the set's slots) for the same time:
 
-  balanced     the shipped deploy/nginx/llamagate.conf: least_conn, and a request refused with 429/503
-               is tried on the next replica
-  round-robin  the same file without least_conn and without the retry rule
+  balanced     the shipped deploy/nginx/llamagate.conf with least_conn in place of its conversation hash
+               (this benchmark's requests are one-turn: it measures balancing by load), and a request
+               refused with 429/503 is tried on the next replica
+  round-robin  the same file without the balancing line and without the retry rule
 
 With ``--compare limits`` it starts two replica sets instead, both behind the shipped file (``balanced``),
 and alternates between them:
@@ -54,7 +55,7 @@ from supervisor.bench.launcher import (
     start_llamagate,
 )
 from supervisor.bench.loadgen import LoadSpec
-from supervisor.bench.nginx import MODES, SHIPPED_CONF, Mode, start_nginx
+from supervisor.bench.nginx import SHIPPED_CONF, Mode, start_nginx
 from supervisor.bench.provenance import collect
 from supervisor.bench.runner import RunSpec, run
 from supervisor.bench.shared_state import shared_state
@@ -67,11 +68,12 @@ SCHEMA = "llamagate.bench.scaleout/1"
 LIMIT_VARIANTS = ("per-replica", "shared")
 # The nginx file each variant runs: the limit variants both run the shipped one.
 MODE_OF: dict[str, Mode] = {
-    "balanced": "balanced",
+    "balanced": "least-conn",
     "round-robin": "round-robin",
-    "per-replica": "balanced",
-    "shared": "balanced",
+    "per-replica": "least-conn",
+    "shared": "least-conn",
 }
+ROUTING_VARIANTS = ("balanced", "round-robin")
 VERDICTS = {
     "routing": "balanced goodput/s >= round-robin goodput/s in every round",
     "limits": "no request failed either way, and the shared set held its limits in Redis",
@@ -203,7 +205,7 @@ def _handle(args: argparse.Namespace) -> int:
     per_replica = {"llama": {"slots": 1, "threads": 1, "ctx_per_slot": args.ctx_per_slot}}
     launched: list[PrivateDaemon] = []
     rows: list[dict[str, Any]] = []
-    variants = LIMIT_VARIANTS if args.compare == "limits" else MODES
+    variants = LIMIT_VARIANTS if args.compare == "limits" else ROUTING_VARIANTS
     sets: dict[str, list[PrivateDaemon]] = {}
     pids: dict[str, int] = {}  # what the command started besides the replicas (and nginx, per run)
     with contextlib.ExitStack() as stack:
