@@ -1,6 +1,6 @@
 """``llamagate bench conversations`` end to end: every target started, measured and stopped, the record
-written, and on a workload whose states fit the prompt cache both llamagate and bare llama-server with
-llamagate's argv serve every later turn's history from cache."""
+written, and on a workload whose states fit the prompt cache bare llama-server with llamagate's argv,
+one daemon and two replicas behind the shipped nginx serve every later turn's history from cache."""
 
 from __future__ import annotations
 
@@ -13,23 +13,24 @@ import pytest
 
 from tests.integration.test_benchmarks_e2e import config  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "nginx-js")]
 
 
 def test_the_command_records_each_target(tmp_path: Path, config: Path) -> None:  # noqa: F811
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "supervisor", "bench", "conversations", "--config", str(config)]
     argv += ["--conversations", "3", "--turns", "3", "--concurrency", "2", "--system-tokens", "60"]
-    argv += ["--user-tokens", "30", "--answer-tokens", "4", "--out", str(out)]
+    argv += ["--user-tokens", "30", "--answer-tokens", "4", "--out", str(out), "--replicas", "2"]
+    argv += ["--targets", "bare-defaults,bare,llamagate,replicas,replicas-least-conn"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "conversations.json").read_text())
     targets = {t["target"]: t for t in record["targets"]}
-    assert set(targets) == {"bare-defaults", "bare", "llamagate"}
+    assert set(targets) == {"bare-defaults", "bare", "llamagate", "replicas", "replicas-least-conn"}
     for t in targets.values():
         assert len(t["turns"]) == 9 and t["later_turns"] == 6
         assert 0 < t["reusable_share"] < 1 and set(t["ttft_median_ms_by_turn"]) == {"1", "2", "3"}
-    for name in ("bare", "llamagate"):
+    for name in ("bare", "llamagate", "replicas"):
         assert targets[name]["of_reusable"] >= 0.9, targets[name]
         assert targets[name]["turns_below_half"] == 0
     provenance = json.loads((out / "provenance.json").read_text())
@@ -37,4 +38,5 @@ def test_the_command_records_each_target(tmp_path: Path, config: Path) -> None: 
     bare_defaults = provenance["launched"]["bare-defaults"]["argv"]
     assert "-sps" not in bare_defaults and "--no-cache-idle-slots" not in bare_defaults
     assert "--no-cache-idle-slots" in provenance["launched"]["bare"]["argv"]
+    assert len(provenance["launched"]["replicas"]["replicas"]) == 2
     assert "| llamagate |" in (out / "conversations.md").read_text()

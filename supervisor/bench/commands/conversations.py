@@ -8,7 +8,10 @@ multi-turn workload against it (``supervisor.bench.conversations``), stops it, a
   before conversations were placed;
 - ``bare``: llama-server with exactly the argv llamagate gives its child;
 - ``llamagate``: one daemon (the gateway chooses each turn's slot), one tenant admitting the child's
-  slots and queueing the rest.
+  slots and queueing the rest;
+- ``replicas``: ``--replicas`` such daemons behind a real nginx running the shipped
+  deploy/nginx/llamagate.conf (a conversation hashed to one replica);
+- ``replicas-least-conn``: the same with ``least_conn`` in the hash's place (load first, no affinity).
 Each starts with an empty cache. With ``--repeats`` above 1 every other round runs the targets in
 reverse order. Exit 0 when every turn was answered, 1 when a target failed, 2 on bad usage, 130 when
 interrupted (SIGTERM too: what was started is stopped first).
@@ -20,23 +23,29 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from supervisor.bench import conversations, hostload, options
+from supervisor.bench.client import Target
 from supervisor.bench.commands.run import write_provenance
 from supervisor.bench.launcher import (
     Launched,
+    PrivateDaemon,
     deep_merge,
     llamagate_overrides,
     read_base_config,
     start_llama_server,
     start_llamagate,
 )
+from supervisor.bench.nginx import Mode, Nginx, start_nginx
 from supervisor.bench.provenance import collect
+from supervisor.child.spawn import free_port
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress, Progress
 
-TARGETS = ("bare-defaults", "bare", "llamagate")
+TARGETS = ("bare-defaults", "bare", "llamagate", "replicas", "replicas-least-conn")
+DEFAULT_TARGETS = ("bare-defaults", "bare", "llamagate")
 # llamagate's slot flags (supervisor/launch/flags.py), replaced by llama-server's defaults for
 # ``bare-defaults``.
 _OURS = {"-sps": 1, "--no-cache-idle-slots": 0}
@@ -56,12 +65,57 @@ def llama_server_defaults(argv: list[str]) -> list[str]:
     return out
 
 
-def _start(name: str, config: dict[str, object], folder: Path, progress: Progress) -> Launched:
+class _ReplicaSet:
+    """``count`` daemons behind a private nginx running the shipped site file."""
+
+    def __init__(self, daemons: list[PrivateDaemon], nginx: Nginx, key: str) -> None:
+        self.daemons = daemons
+        self.nginx = nginx
+        self.target = Target(nginx.url, key)
+        self.identity: dict[str, Any] = {"replicas": [d.identity for d in daemons], "nginx": nginx.prefix}
+
+    def stop(self) -> None:
+        try:
+            self.nginx.stop()
+        finally:
+            for d in self.daemons:
+                d.stop()
+
+
+def _replicas(
+    config: dict[str, object], count: int, mode: Mode, folder: Path, progress: Progress
+) -> _ReplicaSet:
+    overrides, key = _one_tenant(config)
+    daemons: list[PrivateDaemon] = []
+    try:
+        for i in range(count):
+            port = {"proxy": {"port": free_port()}}
+            cfg = deep_merge(deep_merge(config, overrides), port)
+            daemons.append(start_llamagate(cfg, key, folder / f"replica{i}", progress=progress))
+        nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], folder / "nginx", mode=mode)
+    except BaseException:
+        for d in daemons:
+            d.stop()
+        raise
+    return _ReplicaSet(daemons, nginx, key)
+
+
+def _one_tenant(config: dict[str, object]) -> tuple[dict[str, Any], str]:
+    """One tenant admitting the child's slots, queueing the rest (every conversation waits its turn)."""
+    llama = config.get("llama")
+    slots = llama.get("slots", 2) if isinstance(llama, dict) else 2
+    return llamagate_overrides(slots, max_queue=256, queue_timeout_s=600)
+
+
+def _start(
+    name: str, config: dict[str, object], folder: Path, progress: Progress, replicas: int
+) -> Launched | _ReplicaSet:
     if name == "llamagate":
-        llama = config.get("llama")
-        slots = llama.get("slots", 2) if isinstance(llama, dict) else 2
-        overrides, key = llamagate_overrides(slots, max_queue=256, queue_timeout_s=600)
+        overrides, key = _one_tenant(config)
         return start_llamagate(deep_merge(config, overrides), key, folder, progress=progress)
+    if name.startswith("replicas"):
+        mode: Mode = "least-conn" if name == "replicas-least-conn" else "balanced"
+        return _replicas(config, replicas, mode, folder, progress)
     edit = llama_server_defaults if name == "bare-defaults" else None
     server, _ = start_llama_server(config, folder, progress=progress, edit_argv=edit)
     return server
@@ -72,7 +126,7 @@ def _handle(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in TARGETS]
     if unknown or not names:
         raise UsageError(f"--targets: choose from {', '.join(TARGETS)} (got {args.targets!r})")
-    for flag in ("conversations", "turns", "concurrency", "answer_tokens", "repeats"):
+    for flag in ("conversations", "turns", "concurrency", "answer_tokens", "repeats", "replicas"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
     if args.system_tokens < 20 or args.user_tokens < 10:
@@ -96,7 +150,7 @@ def _handle(args: argparse.Namespace) -> int:
     for round_ in range(args.repeats):
         order = names if round_ % 2 == 0 else names[::-1]
         for name in order:
-            launched = _start(name, config, out / "servers" / f"{name}-{round_}", progress)
+            launched = _start(name, config, out / "servers" / f"{name}-{round_}", progress, args.replicas)
             try:
                 launches.setdefault(name, launched.identity)
                 result = conversations.run(launched.target, name, work, progress)
@@ -131,7 +185,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--system-tokens", type=int, default=300, help="shared system prompt, ~tokens (300)")
     p.add_argument("--user-tokens", type=int, default=150, help="each user message, ~tokens (150)")
     p.add_argument("--answer-tokens", type=int, default=8, help="each answer, tokens (8)")
-    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    p.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"comma-separated, of {', '.join(TARGETS)} ({','.join(DEFAULT_TARGETS)})",
+    )
+    p.add_argument(
+        "--replicas", type=int, default=3, help="daemons behind nginx for the replicas targets (3)"
+    )
     p.add_argument("--repeats", type=int, default=1, help="rounds; every other one in reverse order (1)")
     p.add_argument("--seed", type=int, default=1, help="the workload's text (1)")
     p.add_argument("--config", type=Path, help="llamagate config to start from (default: embedded)")
