@@ -20,8 +20,9 @@ llama-server keeps each slot's last prompt state (the KV cells) and a RAM cache 
 So the map keeps, per slot, the conversation key of the last request it ran (``proxy.conversations.key``)
 and whether one of our requests holds it. A turn goes to the free slot that holds its conversation (its
 state is there, nothing is copied); else to an empty slot (the highest-numbered: the one the child
-itself would take); else to the free slot used longest ago (its
-state is saved to the RAM cache on the way, and the turn's own state, if cached, is loaded). A turn
+itself would take); else to the slot free for longest (its state is saved to the RAM cache on the
+way, and the turn's own state, if cached, is loaded). Each choice is a lookup, not a scan: a
+gateway with many slots pays no more per request than one with two. A turn
 never waits for its slot: admission order and fairness are the gate's (``proxy.admission.gate``), and
 the map only chooses among the slots free when the gate grants. A slot busy with the same conversation
 (two requests of one conversation at once) is simply not free.
@@ -36,6 +37,7 @@ a slot is free, and a permit frees its slot when the gate counts it free again (
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 # What a slot holds: a conversation key, or one of these.
@@ -49,7 +51,6 @@ class Pin:
 
     slot: int | None
     _map: SlotMap | None = field(default=None, repr=False)
-    _index: int | None = None  # the slot the map counts as taken (None: anonymous)
     _width: int = 0  # anonymous: how many slots
 
     def free(self) -> None:
@@ -66,9 +67,10 @@ class SlotMap:
         self.generation = generation
         self.held: list[str] = [EMPTY] * slots
         self.busy: list[bool] = [False] * slots
-        self._used: list[int] = [0] * slots  # order of last use (0: never)
-        self._clock = 0
         self.anonymous = 0  # slots taken by requests the child places
+        self._where: dict[str, int] = {}  # conversation key -> the slot that last ran it
+        self._empty = list(range(slots))  # free and never used; the highest-numbered last
+        self._idle: OrderedDict[int, None] = OrderedDict()  # free and used, freed longest ago first
 
     @property
     def slots(self) -> int:
@@ -77,41 +79,41 @@ class SlotMap:
     def take(self, key: str | None, width: int = 1, placeable: bool = True) -> Pin:
         """A slot for a request of conversation ``key`` (None: no conversation) that the gate just
         admitted for ``width`` slots. ``placeable``: the request's task takes an ``id_slot``."""
-        free = [i for i in range(self.slots) if not self.busy[i]]
-        if width != 1 or not placeable or self.anonymous or not free:
+        if width != 1 or not placeable or self.anonymous or not (self._empty or self._idle):
             self.anonymous += width
-            return Pin(None, self, None, width)
-        i = self._choose(key, free)
-        self.busy[i] = True
+            return Pin(None, self, width)
+        i = self._where.get(key) if key is not None else None
+        if i is not None and i in self._idle:
+            del self._idle[i]  # its own slot, free: its state is there
+        elif self._empty:
+            i = self._empty.pop()
+        else:
+            i, _ = self._idle.popitem(last=False)
+        replaced = self.held[i]
+        if self._where.get(replaced) == i:
+            del self._where[replaced]
         self.held[i] = UNKNOWN if key is None else key
-        self._clock += 1
-        self._used[i] = self._clock
-        return Pin(i, self, i)
-
-    def _choose(self, key: str | None, free: list[int]) -> int:
         if key is not None:
-            for i in free:
-                if self.held[i] == key:
-                    return i
-        empty = [i for i in free if self.held[i] == EMPTY]
-        if empty:
-            return empty[-1]
-        return min(free, key=lambda i: self._used[i])
+            self._where[key] = i
+        self.busy[i] = True
+        return Pin(i, self)
 
     def holding(self, key: str) -> int | None:
         """The slot whose last request was of conversation ``key``, if any."""
-        for i, held in enumerate(self.held):
-            if held == key:
-                return i
-        return None
+        return self._where.get(key)
 
     def _free(self, pin: Pin) -> None:
-        if pin._index is not None:
-            self.busy[pin._index] = False
+        if pin.slot is not None:
+            self.busy[pin.slot] = False
+            self._idle[pin.slot] = None
             return
         self.anonymous -= pin._width
         if self.anonymous == 0:
             # The child placed them: any slot not ours may hold anything now.
-            for i in range(self.slots):
-                if not self.busy[i]:
-                    self.held[i] = UNKNOWN
+            for i in self._empty:
+                self._idle[i] = None
+            self._empty.clear()
+            for i in self._idle:
+                if self._where.get(self.held[i]) == i:
+                    del self._where[self.held[i]]
+                self.held[i] = UNKNOWN

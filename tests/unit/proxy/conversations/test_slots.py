@@ -95,3 +95,24 @@ async def test_a_new_child_gets_a_new_map() -> None:
     assert adm.slot_map is not old and adm.slot_map.held == [EMPTY, EMPTY]
     permit.release()  # frees the old child's slot, not the new one's
     assert adm.slot_map.busy == [False, False]
+
+
+def test_a_conversation_running_twice_keeps_its_newest_slot_through_an_anonymous_request() -> None:
+    m = SlotMap(3)
+    first = m.take("A")  # slot 2
+    second = m.take("A")  # A's slot is busy: slot 1, which now holds A's newest state
+    first.free()
+    wide = m.take("B", width=1, placeable=False)  # the child places it
+    wide.free()  # slots 2 and 0 become unknown; slot 1, still running A, keeps it
+    assert m.holding("A") == 1 and m.held == [UNKNOWN, "A", UNKNOWN]
+    second.free()
+    assert m.take("A").slot == 1
+
+
+def test_many_slots_cost_a_lookup_not_a_scan() -> None:
+    m = SlotMap(4096)
+    pins = [m.take(f"c{i}") for i in range(4096)]
+    assert [p.slot for p in pins[:2]] == [4095, 4094]
+    for p in pins:
+        p.free()
+    assert m.take("c17").slot == pins[17].slot  # found by key among 4,096 free slots
