@@ -21,12 +21,12 @@ def test_the_command_records_each_target(tmp_path: Path, config: Path) -> None: 
     argv = [sys.executable, "-m", "supervisor", "bench", "conversations", "--config", str(config)]
     argv += ["--conversations", "3", "--turns", "3", "--concurrency", "2", "--system-tokens", "60"]
     argv += ["--user-tokens", "30", "--answer-tokens", "4", "--out", str(out), "--replicas", "2"]
-    argv += ["--targets", "bare-defaults,bare,llamagate,replicas,replicas-least-conn"]
+    argv += ["--targets", "bare-defaults,bare,llamagate,replicas"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "conversations.json").read_text())
     targets = {t["target"]: t for t in record["targets"]}
-    assert set(targets) == {"bare-defaults", "bare", "llamagate", "replicas", "replicas-least-conn"}
+    assert set(targets) == {"bare-defaults", "bare", "llamagate", "replicas"}
     for t in targets.values():
         assert len(t["turns"]) == 9 and t["later_turns"] == 6
         assert 0 < t["reusable_share"] < 1 and set(t["ttft_median_ms_by_turn"]) == {"1", "2", "3"}

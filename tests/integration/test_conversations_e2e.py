@@ -74,7 +74,7 @@ def _history_from_cache(seen: dict[str, list[tuple[int, int, str]]]) -> None:
 def test_two_conversations_alternating_on_one_slot_keep_their_history(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory({"llama": {"slots": 1}, "tenants": [{"name": "default", "max_concurrency": 1}]})
     with OpenAI(base_url=d.base_url + "/v1", api_key=d.admin_key, max_retries=0) as client:
-        _history_from_cache(_turns(client, "AB", turns=4))
+        _history_from_cache(_turns(client, "AB", turns=3))
 
 
 def test_four_conversations_on_two_slots_keep_their_history(daemon_factory: DaemonFactory) -> None:

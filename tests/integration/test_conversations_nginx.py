@@ -88,7 +88,7 @@ def test_a_conversations_turns_stay_on_one_replica(replicas: Replicas) -> None:
     conversations = {name: Conversation(name) for name in names}
     where: dict[str, list[str]] = {name: [] for name in names}
     with httpx.Client(headers=replicas.headers, timeout=120, trust_env=False) as client:
-        for _ in range(3):
+        for _ in range(2):
             for name in names:
                 logged = len(replicas.nginx.access_log()) + 1
                 conversations[name].turn(client, url)

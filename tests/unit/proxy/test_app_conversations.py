@@ -4,8 +4,11 @@ body as the child gets it), the answer names the key, tenants never share one, a
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+from proxy.settings import TenantSettings
+from tests.fakes.fake_upstream import eventually
 from tests.unit.proxy.conftest import ProxyFactory
 
 OPENING = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
@@ -56,3 +59,18 @@ async def test_a_raw_prompt_is_placed_without_a_key(proxy_factory: ProxyFactory)
         r = await c.post("/v1/completions", json={"model": "gemma-3-270m", "prompt": "Once", "max_tokens": 2})
         assert r.status_code == 200 and "x-llamagate-conversation" not in r.headers
         assert json.loads(p.fake.last_body)["id_slot"] == 1
+
+
+async def test_a_refusal_names_the_conversation_too(proxy_factory: ProxyFactory) -> None:
+    tenants = (
+        TenantSettings("team", max_concurrency=1, max_queue=0),
+        TenantSettings("other"),
+        TenantSettings("ops"),
+    )
+    async with proxy_factory(snapshot={"slots": 2}, tenants=tenants) as p, p.client() as c:
+        slow = asyncio.ensure_future(c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 400}))
+        await eventually(lambda: p.lane.admission.in_flight == 1)
+        refused = await c.post("/v1/chat/completions", json=CHAT)
+        assert refused.status_code == 429
+        done = await slow
+        assert refused.headers["x-llamagate-conversation"] == done.headers["x-llamagate-conversation"]
