@@ -19,13 +19,13 @@ llama-server keeps each slot's last prompt state (the KV cells) and a RAM cache 
 
 So the map keeps, per slot, the conversation key of the last request it ran (``proxy.conversations.key``)
 and whether one of our requests holds it. A turn goes to the free slot that holds its conversation (its
-state is there, nothing is copied); else to an empty slot (the highest-numbered: the one the child
-itself would take); else to the slot free for longest (its state is saved to the RAM cache on the
-way, and the turn's own state, if cached, is loaded). Each choice is a lookup, not a scan: a
-gateway with many slots pays no more per request than one with two. A turn
-never waits for its slot: admission order and fairness are the gate's (``proxy.admission.gate``), and
-the map only chooses among the slots free when the gate grants. A slot busy with the same conversation
-(two requests of one conversation at once) is simply not free.
+state is there, nothing is copied); else to an empty slot (the highest-numbered, as the child's own
+choice would be); else to the slot free for longest (its state is saved to the RAM cache on the way,
+and the turn's own state, if cached, is loaded). Each choice is a lookup, not a scan: a gateway with
+many slots pays no more per request than one with two. A turn never waits for its slot (the linger is
+zero): admission order and fairness are the gate's (``proxy.admission.gate``), and the map only chooses
+among the slots free when the gate grants. A slot busy with the same conversation (two requests of one
+conversation at once) is simply not free.
 
 Requests the map cannot place (several slots at once, an admin's own ``id_slot``, a route whose task
 takes no ``id_slot``) are *anonymous*: the child places them. While one runs, the map does not know which
