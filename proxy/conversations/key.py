@@ -84,35 +84,33 @@ def _opening(payload: dict[str, Any]) -> str | None:
     messages = payload.get("messages")
     if isinstance(messages, list):  # chat completions, Anthropic messages
         system.append(_content(payload.get("system")))  # Anthropic's top-level system prompt
-        for message in messages:
-            if not isinstance(message, dict):
-                return None
-            role = message.get("role")
-            if role in ("system", "developer") and user is None:
-                system.append(_content(message.get("content")))
-            elif role == "user":
-                user = _content(message.get("content"))
-                break
+        user = _first_user(messages, system)
     else:  # Responses: instructions, and input as a string or a list of items
         system.append(_content(payload.get("instructions")))
         items = payload.get("input")
         if isinstance(items, str):
             user = items
         elif isinstance(items, list):
-            for item in items:
-                if not isinstance(item, dict):
-                    return None
-                role = item.get("role")
-                if role in ("system", "developer") and user is None:
-                    system.append(_content(item.get("content")))
-                elif role == "user":
-                    user = _content(item.get("content"))
-                    break
+            user = _first_user(items, system)
     if not user:
         return None
     head, first = _text("\n".join(s for s in system if s)), _text(user)
     opening = b"%d:%s%d:%s" % (len(head), head, len(first), first)
     return hashlib.sha256(opening).hexdigest()
+
+
+def _first_user(items: list[Any], system: list[str]) -> str | None:
+    """The first user message's text of chat messages or Responses input items, adding the system and
+    developer texts before it to ``system``; "" without one, None when an item is not an object."""
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        role = item.get("role")
+        if role in ("system", "developer"):
+            system.append(_content(item.get("content")))
+        elif role == "user":
+            return _content(item.get("content"))
+    return ""
 
 
 def _content(value: Any) -> str:
