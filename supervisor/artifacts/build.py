@@ -183,6 +183,10 @@ def _build(lock: Lock, root: Path, progress: Progress, target: str) -> Installed
             )
         build_dir = work / "build"
         args = cmake.expand_args(lock.cmake_args, source_dir, build_dir)
+        if lock.target_options:
+            script = work / cmake.TARGET_OPTIONS_FILE
+            script.write_text(cmake.target_options_script(lock.target_options), encoding="utf-8")
+            args.append(f"-DCMAKE_PROJECT_INCLUDE={script}")
         progress.update("configure", None, "cmake")
         cmake.configure(toolchain, source_dir, build_dir, args, env, log_path)
         cmake.compile_target(toolchain, build_dir, target, cmake.default_jobs(), env, log_path, progress)

@@ -5,7 +5,8 @@ path (``source[0].sha256: must be 64 lowercase hex characters``), unknown keys i
 silently falls back to a default. See docs/build.md for the format and how to pin another commit.
 
 The lock's digest keys the binary cache. It is the sha256 of a canonical JSON rendering of everything
-that goes INTO a build (format, commit, version line, sources, cmake arguments, target), so comments and
+that goes INTO a build (format, commit, version line, sources, cmake arguments, per-target options,
+target), so comments and
 layout do not trigger a rebuild. The ``[reference]`` table is left out on purpose: it records an
 outcome (the binary digest seen on a reference toolchain), and filling it in after a build must not
 invalidate the binary it describes.
@@ -35,10 +36,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _TARGET = re.compile(r"[A-Za-z0-9_.+-]+")
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_UNSAFE_OPTION = re.compile(r"[\s\]\[;$\\\"]")
 
 _TOP_KEYS = {"format", "llama_cpp", "build", "source", "reference"}
 _LLAMA_KEYS = {"commit", "version_line"}
-_BUILD_KEYS = {"target", "cmake_args"}
+_BUILD_KEYS = {"target", "cmake_args", "target_options"}
 _REFERENCE_KEYS = {"binary_sha256", "toolchain"}
 _SOURCE_KEYS: dict[str, set[str]] = {
     "pypi-sdist": {"kind", "package", "version", "sha256", "subdir"},
@@ -86,6 +88,9 @@ class Lock:
     target: str
     reference: Reference | None
     digest: str
+    # cmake target -> compile options appended after the build type's (``build.target_options``):
+    # applied by a generated CMake file (``artifacts.cmake.target_options_script``).
+    target_options: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def load_lock(path: Path) -> Lock:
@@ -142,12 +147,18 @@ def _validate(raw: dict[str, Any], path: Path, problems: list[str]) -> Lock | No
     build = _table(raw, "build", problems)
     target = ""
     cmake_args: tuple[str, ...] = ()
+    target_options: tuple[tuple[str, tuple[str, ...]], ...] = ()
     if build is not None:
         _unknown(build, _BUILD_KEYS, "build.", problems)
         target = _string(build, "target", "build.target", problems)
         if target and not _TARGET.fullmatch(target):
             problems.append("build.target: must be a plain cmake target name")
         cmake_args = _cmake_args(build.get("cmake_args"), problems)
+        target_options = _target_options(build.get("target_options"), problems)
+        if target_options and any(a.startswith("-DCMAKE_PROJECT_INCLUDE") for a in cmake_args):
+            problems.append(
+                "build.cmake_args: CMAKE_PROJECT_INCLUDE is llamagate's while build.target_options is set"
+            )
 
     sources = _sources(raw.get("source"), path.parent, problems)
     reference = _reference(raw.get("reference"), problems)
@@ -163,6 +174,7 @@ def _validate(raw: dict[str, Any], path: Path, problems: list[str]) -> Lock | No
         target=target,
         reference=reference,
         digest=lock_digest(raw),
+        target_options=target_options,
     )
 
 
@@ -222,6 +234,32 @@ def _cmake_args(value: Any, problems: list[str]) -> tuple[str, ...]:
             problems.append(f"{where}: source and build folders are chosen by llamagate; remove {arg!r}")
         args.append(arg)
     return tuple(args)
+
+
+def _target_options(value: Any, problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        problems.append("build.target_options: must be a table of cmake target = [options]")
+        return ()
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for name, options in value.items():
+        where = f"build.target_options.{name}"
+        if not _TARGET.fullmatch(name):
+            problems.append(f"{where}: must be a plain cmake target name")
+            continue
+        if not isinstance(options, list) or not options:
+            problems.append(f"{where}: must be a non-empty list of compiler options")
+            continue
+        # Written into a CMake bracket argument: no newline, and nothing that could close it.
+        bad = [
+            o for o in options if not isinstance(o, str) or not o.startswith("-") or _UNSAFE_OPTION.search(o)
+        ]
+        if bad:
+            problems.append(f"{where}: each option must be one compiler flag starting with '-' ({bad[0]!r})")
+            continue
+        out.append((name, tuple(options)))
+    return tuple(out)
 
 
 def _sources(value: Any, lock_dir: Path, problems: list[str]) -> tuple[Source, ...]:

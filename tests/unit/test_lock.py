@@ -76,7 +76,35 @@ def test_reference_table_does_not_change_the_digest(tmp_path: Path) -> None:
     assert lock.digest == parse_lock(GOOD, tmp_path / "l").digest
 
 
+def _with_options(table: str) -> str:
+    head, sources = GOOD.split("[[source]]", 1)
+    return f"{head}[build.target_options]\n{table}\n\n[[source]]{sources}"
+
+
+def test_target_options_are_parsed_in_order_and_change_the_digest(tmp_path: Path) -> None:
+    lock = parse_lock(_with_options('mtmd = ["-O2"]\nllama-common = ["-O2", "-fno-plt"]'), tmp_path / "l")
+    assert lock.target_options == (("mtmd", ("-O2",)), ("llama-common", ("-O2", "-fno-plt")))
+    assert parse_lock(GOOD, tmp_path / "l").target_options == ()
+    assert lock.digest != parse_lock(GOOD, tmp_path / "l").digest
+    shipped = load_lock(REPO / "llama-build.lock")
+    # The kernels and libllama keep Release's -O3 (docs/build.md, "Compile time").
+    assert not {"ggml", "ggml-base", "ggml-cpu", "llama"} & {t for t, _ in shipped.target_options}
+
+
 BAD = [
+    (_with_options('mtmd = "-O2"'), "build.target_options.mtmd: must be a non-empty list"),
+    (_with_options("mtmd = []"), "build.target_options.mtmd: must be a non-empty list"),
+    (_with_options('"a b" = ["-O2"]'), "build.target_options.a b: must be a plain cmake target name"),
+    (_with_options('mtmd = ["O2"]'), "build.target_options.mtmd: each option must be one compiler flag"),
+    (_with_options('mtmd = ["-O2 -g"]'), "build.target_options.mtmd: each option must be one compiler flag"),
+    (_with_options('mtmd = ["-D${X}"]'), "build.target_options.mtmd: each option must be one compiler flag"),
+    (_with_options('mtmd = ["-O2\\")"]'), "build.target_options.mtmd: each option must be one compiler flag"),
+    (
+        _with_options('mtmd = ["-O2"]').replace(
+            "cmake_args = [", 'cmake_args = ["-DCMAKE_PROJECT_INCLUDE=/x",'
+        ),
+        "build.cmake_args: CMAKE_PROJECT_INCLUDE is llamagate's",
+    ),
     (GOOD.replace("format = 1", ""), "format: missing"),
     (GOOD.replace("format = 1", "format = 2"), "format: 2 is not supported"),
     (GOOD.replace('commit = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"', ""), "llama_cpp.commit: missing"),
