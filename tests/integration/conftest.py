@@ -151,7 +151,9 @@ class DaemonFactory:
                     "sha256": self.model_sha256,
                     "alias": "smollm2-135m-instruct",
                 },
-                "threads": 2,
+                # One thread per child: the suite runs two workers on two cores, and two children
+                # of two OpenMP threads each spin at their barriers waiting for a descheduled peer.
+                "threads": 1,
                 "slots": 2,
                 "ctx_per_slot": 4096,
             },

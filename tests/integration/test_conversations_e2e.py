@@ -74,13 +74,13 @@ def _history_from_cache(seen: dict[str, list[tuple[int, int, str]]]) -> None:
 def test_two_conversations_alternating_on_one_slot_keep_their_history(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory({"llama": {"slots": 1}, "tenants": [{"name": "default", "max_concurrency": 1}]})
     with OpenAI(base_url=d.base_url + "/v1", api_key=d.admin_key, max_retries=0) as client:
-        _history_from_cache(_turns(client, "AB", turns=3))
+        _history_from_cache(_turns(client, "AB", turns=2))
 
 
 def test_four_conversations_on_two_slots_keep_their_history(daemon_factory: DaemonFactory) -> None:
     d = daemon_factory()
     with OpenAI(base_url=d.base_url + "/v1", api_key=d.admin_key, max_retries=0) as client:
-        _history_from_cache(_turns(client, "ABCD", turns=3))
+        _history_from_cache(_turns(client, "ABCD", turns=2))
 
 
 def test_an_anthropic_conversation_is_placed_too(daemon_factory: DaemonFactory) -> None:
