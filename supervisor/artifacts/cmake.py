@@ -97,7 +97,7 @@ def target_options_script(options: tuple[tuple[str, tuple[str, ...]], ...]) -> s
     Passed as ``CMAKE_PROJECT_INCLUDE``, it runs after each ``project()`` call (llama.cpp's, then
     ggml's: hence the guard) and defers its work to the end of the top-level folder, when every target
     exists. A target's own options come after ``CMAKE_<LANG>_FLAGS_<CONFIG>`` on the compiler's command
-    line, so ``-O2`` there wins over Release's ``-O3`` for that target only. A name the source does not
+    line, so ``-O1`` there wins over Release's ``-O3`` for that target only. A name the source does not
     define stops the configure step: a lock that silently optimised nothing would be a lie.
     The lock allows no whitespace, quote, bracket, ``;``, ``$`` or backslash in an option, so each one
     is a single quoted CMake argument."""

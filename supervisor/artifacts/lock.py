@@ -6,10 +6,9 @@ silently falls back to a default. See docs/build.md for the format and how to pi
 
 The lock's digest keys the binary cache. It is the sha256 of a canonical JSON rendering of everything
 that goes INTO a build (format, commit, version line, sources, cmake arguments, per-target options,
-target), so comments and
-layout do not trigger a rebuild. The ``[reference]`` table is left out on purpose: it records an
-outcome (the binary digest seen on a reference toolchain), and filling it in after a build must not
-invalidate the binary it describes.
+target), so comments and layout do not trigger a rebuild. The ``[reference]`` table is left out on
+purpose: it records an outcome (the binary digest seen on a reference toolchain), and filling it in
+after a build must not invalidate the binary it describes.
 """
 
 from __future__ import annotations
@@ -251,7 +250,7 @@ def _target_options(value: Any, problems: list[str]) -> tuple[tuple[str, tuple[s
         if not isinstance(options, list) or not options:
             problems.append(f"{where}: must be a non-empty list of compiler options")
             continue
-        # Written into a CMake bracket argument: no newline, and nothing that could close it.
+        # Each becomes one quoted CMake argument: nothing that could end it, split it or expand in it.
         bad = [
             o for o in options if not isinstance(o, str) or not o.startswith("-") or _UNSAFE_OPTION.search(o)
         ]
