@@ -204,7 +204,14 @@ def test_status_and_playground_in_chromium(
     daemon_factory: DaemonFactory, browser: Any, screenshots: Path
 ) -> None:
     # One request at a time for the tenant and no queue: a second request is refused with 429 at once.
-    d = daemon_factory({"tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0}]})
+    # The child ignores end-of-generation: the long answers below (one stopped from the page, one holding
+    # the permit) must still be running when the test acts, and SmolLM2 may end "a long story" early.
+    d = daemon_factory(
+        {
+            "tenants": [{"name": "default", "max_concurrency": 1, "max_queue": 0}],
+            "llama": {"extra_args": ["--ignore-eos"]},
+        }
+    )
     page = Page(browser, d, screenshots)
     origin = d.base_url
 
@@ -411,6 +418,11 @@ def test_each_model_of_a_several_model_daemon_in_chromium(
     # the playground must pick the loaded model, not the first one.
     config = two_models(daemon_factory, residency="on_demand", idle_unload_s=3600)
     config["models"].reverse()
+    # The long answer below must still be running when the page's next refresh looks (every 3 s):
+    # SmolLM2 may end "a long story" in a few seconds, so "chat" ignores end-of-generation and has the
+    # room to run on until Stop.
+    chat_model = next(m for m in config["models"] if m["name"] == "chat")
+    chat_model.update(ctx_per_slot=4096, extra_args=["--ignore-eos"])
     d = daemon_factory(config)
     page = Page(browser, d, screenshots)
     origin = d.base_url
