@@ -49,7 +49,8 @@ def test_every_series_carries_its_model(daemon_factory: DaemonFactory) -> None:
     with client(d) as c:
         # While a chat stream holds the chat model's one slot, the gauge shows it on that model only;
         # an embeddings request to the other model loads it and is answered meanwhile.
-        chunks = open_stream(c, "chat", "Count to twenty.", 48)
+        # Long enough to be running at the scrape, on a loaded machine too (48 tokens once ended first).
+        chunks = open_stream(c, "chat", "Tell a long story about a lighthouse.", 400)
         assert next(chunks).model == "chat"
         s = scrape(d)
         assert value(s, "llamagate_in_flight_requests", model="chat", tenant=tenant) == 1
