@@ -186,6 +186,21 @@ class CorsSettings:
     max_age_s: int = 600
 
 
+# What the door does with a body field its request schema does not declare (``proxy.schema``).
+UnknownPolicy = Literal["refuse", "drop", "pass"]
+
+
+@dataclass(frozen=True)
+class PoisonSettings:
+    """Requests that keep killing their child (``proxy.routes.poison``): a request in flight at two deaths of
+    its model's child is not sent again; a key with ``strikes`` such requests within ``window_s`` is refused
+    for ``cooldown_s``."""
+
+    strikes: int = 2
+    window_s: float = 600.0
+    cooldown_s: float = 600.0
+
+
 @dataclass(frozen=True)
 class ProxySettings:
     listen: Listener = field(default_factory=Listener)
@@ -218,3 +233,7 @@ class ProxySettings:
     cluster: ClusterSettings | None = None
     # OpenTelemetry export (``proxy.telemetry``); None: off, and nothing of OpenTelemetry is imported.
     telemetry: TelemetrySettings | None = None
+    # Body fields no route declares: from inference keys, and from admin keys (``proxy.schema``).
+    unknown_fields: UnknownPolicy = "refuse"
+    admin_unknown_fields: UnknownPolicy = "refuse"
+    poison: PoisonSettings = field(default_factory=PoisonSettings)

@@ -47,6 +47,9 @@ class UpstreamSnapshot:
     progress: float | None = None
     load_step: str | None = None
     load_eta_s: float | None = None
+    # Tokens in the model's vocabulary (its GGUF header): the request schema refuses a token id beyond it
+    # (``proxy.schema``); None: unknown, any int32 id passes the door.
+    n_vocab: int | None = None
 
 
 class UpstreamSource(Protocol):

@@ -60,7 +60,7 @@ class Guarded:
 # (``spec.admission``) are not here: they all go through ``Inference``.
 Factory = Callable[[ProxyState, RouteSpec], Endpoint]
 ENDPOINTS: dict[Kind, Factory] = {
-    "count": lambda state, spec: Counting(state, spec.path),
+    "count": lambda state, spec: Counting(state, spec.path, schema=spec.body),
     "models": lambda state, spec: ModelsRoute(state),
     "props": lambda state, spec: Props(state, spec.path),
     "health": lambda state, spec: Health(state),

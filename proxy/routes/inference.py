@@ -68,6 +68,7 @@ from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
 from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
+from proxy.schema import Context, check_body
 from proxy.settings import TenantSettings, Timeouts
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
@@ -104,6 +105,7 @@ class _Request:
         "plan",
         "raw",
         "receive",
+        "rewritten",
         "send",
         "tenant",
         "watch",
@@ -121,6 +123,7 @@ class _Request:
         self.headers: list[tuple[bytes, bytes]] = []
         self.lane: Lane
         self.raw: bytes
+        self.rewritten = False  # the schema's check changed the body (``Inference._checked``)
         self.plan: _Plan
         self.account: Account | NoAccount
         self.watch: ClientWatch
@@ -183,6 +186,7 @@ class Inference:
         lane.touch()
         if snap is None:
             self._servable(lane, lane.snapshot())
+        req.rewritten = self._checked(req, snap or lane.snapshot(), payload)
         lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
         try:
             await state.router.load(lane, receive)
@@ -191,6 +195,16 @@ class Inference:
         finally:
             lane.track_active(-1)
             lane.touch()
+
+    def _checked(self, req: _Request, snap: UpstreamSnapshot, payload: dict[str, Any]) -> bool:
+        """The request schema (``proxy.schema``), before anything else is done for the body: a field of
+        the wrong type, out of range or undeclared is a 400 naming it; the tenant's bounds rewrite the
+        rest. True when the body changed."""
+        settings = self.state.settings
+        admin = "admin" in req.who.scopes
+        bounds = Context(req.tenant, admin, snap.slots, snap.n_vocab)
+        unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
+        return check_body(self.spec.body, payload, bounds, unknown, generates=self.spec.generates)
 
     def _servable(self, lane: Lane, snap: UpstreamSnapshot) -> None:
         if self.needs is not None and not getattr(snap, self.needs, False):
@@ -206,8 +220,8 @@ class Inference:
         rewrite = model is not None and model != snap.model_alias
         if rewrite:
             payload["model"] = snap.model_alias
-        size = cost.check(self.cost_kind, payload, tenant, admin=admin, capacity=snap.slots)
-        rewrite = size.rewritten or rewrite
+        rewrite = req.rewritten or rewrite
+        size = cost.size(self.cost_kind, payload, tenant, capacity=snap.slots)
         stream = payload.get("stream") is True and self.spec.generates
         # As the client sent it: counted before we make it a stream.
         prompt_payload = dict(payload) if tenant.check_prompt_size else None

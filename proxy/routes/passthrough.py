@@ -19,6 +19,7 @@ from proxy.asgi.responses import send_bytes, send_json
 from proxy.auth import Principal
 from proxy.errors import NotReady, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
+from proxy.schema import Context, check_body
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 from proxy.upstream.connection import UpstreamClosed
@@ -31,10 +32,14 @@ class Passthrough:
     """A route relayed to the child as is: llama.cpp's admin routes, and the base of the others here.
     ``need_ready``: only a READY child answers (else any running one does)."""
 
-    def __init__(self, state: ProxyState, route: str, need_ready: bool = True) -> None:
+    def __init__(
+        self, state: ProxyState, route: str, need_ready: bool = True, schema: str | None = None
+    ) -> None:
         self.state = state
         self.route = route
         self.need_ready = need_ready
+        # A POST's body is checked against this request schema (``proxy.schema``) before it is relayed.
+        self.schema = schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         ctx: RequestContext = scope[SCOPE_KEY]
@@ -73,6 +78,8 @@ class Passthrough:
             else router.default(tenant, only_models)
         )
         ctx.model = lane.name
+        if post and self.schema is not None:
+            raw = self._checked(principal, lane, payload, raw)
         lane.track_active(1)  # an idle unload must not stop the model under this request
         try:
             if post:
@@ -83,6 +90,18 @@ class Passthrough:
             return await self._relay(snap, scope, receive, ctx, raw)
         finally:
             lane.track_active(-1)
+
+    def _checked(
+        self, principal: Principal, lane: Lane, payload: dict[str, Any], raw: bytes | None
+    ) -> bytes | None:
+        """The request schema, as on the generation routes: a 400 naming a bad or undeclared field."""
+        assert self.schema is not None
+        settings = self.state.settings
+        admin = "admin" in principal.scopes
+        snap = lane.snapshot()
+        bounds = Context(self.state.tenant(principal.tenant), admin, snap.slots, snap.n_vocab)
+        unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
+        return bodies.dump(payload) if check_body(self.schema, payload, bounds, unknown) else raw
 
     def _running(self, lane: Lane) -> UpstreamSnapshot:
         """The lane's child, when it can answer this route; else 503 saying why."""

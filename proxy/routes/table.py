@@ -100,6 +100,14 @@ class RouteSpec:
     # any byte of the answer reached the client it may run once more on the next child
     # (``proxy.routes.replay``). A generation route with another effect must say False.
     replayable: bool = True
+    # The request schema its body is checked against (``proxy.schema.routes.SCHEMAS``); generation rows
+    # default to their kind. None: a route with no body of its own (GET).
+    schema: str | None = None
+
+    @property
+    def body(self) -> str:
+        """The name of its body's schema."""
+        return self.schema or self.kind
 
     @property
     def parameterized(self) -> bool:
@@ -147,14 +155,14 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/reranking", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
     RouteSpec("/rerank", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
     RouteSpec("/reranking", _P, "rerank", _INF, SILENT, "rerank", needs="reranking"),
-    RouteSpec("/v1/chat/completions/input_tokens", _P, "count", "any key"),
-    RouteSpec("/chat/completions/input_tokens", _P, "count", "any key"),
-    RouteSpec("/v1/responses/input_tokens", _P, "count", "any key"),
-    RouteSpec("/responses/input_tokens", _P, "count", "any key"),
-    RouteSpec("/v1/messages/count_tokens", _P, "count", "any key", anthropic=True),
-    RouteSpec("/apply-template", _P, "count", "any key"),
-    RouteSpec("/tokenize", _P, "count", "any key"),
-    RouteSpec("/detokenize", _P, "count", "any key"),
+    RouteSpec("/v1/chat/completions/input_tokens", _P, "count", "any key", schema="chat"),
+    RouteSpec("/chat/completions/input_tokens", _P, "count", "any key", schema="chat"),
+    RouteSpec("/v1/responses/input_tokens", _P, "count", "any key", schema="responses"),
+    RouteSpec("/responses/input_tokens", _P, "count", "any key", schema="responses"),
+    RouteSpec("/v1/messages/count_tokens", _P, "count", "any key", anthropic=True, schema="count_tokens"),
+    RouteSpec("/apply-template", _P, "count", "any key", schema="chat"),
+    RouteSpec("/tokenize", _P, "count", "any key", schema="tokenize"),
+    RouteSpec("/detokenize", _P, "count", "any key", schema="detokenize"),
     RouteSpec("/v1/models", _G, "models", _INF),
     RouteSpec("/models", _G, "models", _INF),
     RouteSpec("/props", _G, "props", "any key"),

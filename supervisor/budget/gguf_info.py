@@ -70,6 +70,8 @@ class ModelShape:
     # Sliding-window attention: window size in tokens, and which layers use it (None: unknown).
     sliding_window: int | None
     swa_layers: tuple[bool, ...] | None
+    # Tokens in the vocabulary (the length of tokenizer.ggml.tokens): the proxy refuses token ids beyond.
+    n_vocab: int | None = None
 
 
 class _Reader:
@@ -77,6 +79,7 @@ class _Reader:
         self.buf = buf
         self.pos = 0
         self.where = where
+        self.skipped_count = 0  # the length of the last array skipped (the vocabulary's size)
 
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -102,6 +105,7 @@ class _Reader:
             count = self.unpack("<Q")
             if not keep:
                 self.skip_array(itype, count)
+                self.skipped_count = count
                 return None
             return [self.value(itype, True) for _ in range(count)]
         raise NotAGguf(f"{self.where}: unknown GGUF value type {vtype}")
@@ -116,6 +120,11 @@ class _Reader:
         else:
             for _ in range(count):
                 self.value(itype, False)
+
+
+# The vocabulary's tokens, and the entry ``read_metadata`` adds for their count when it skips them.
+VOCAB_KEY = "tokenizer.ggml.tokens"
+VOCAB_SIZE = "tokenizer.ggml.tokens#count"
 
 
 def read_metadata(path: Path, skip_arrays_under: tuple[str, ...] = ("tokenizer.",)) -> dict[str, Any]:
@@ -140,6 +149,8 @@ def read_metadata(path: Path, skip_arrays_under: tuple[str, ...] = ("tokenizer."
             key = r.string()
             vtype = r.unpack("<I")
             out[key] = r.value(vtype, keep=not key.startswith(skip_arrays_under))
+            if key == VOCAB_KEY and out[key] is None:
+                out[VOCAB_SIZE] = r.skipped_count
         return out
 
 
@@ -203,4 +214,11 @@ def read_shape(path: Path) -> ModelShape:
         n_ctx_train=ctx_train if isinstance(ctx_train, int) else None,
         sliding_window=window,
         swa_layers=_swa_layers(meta, arch, layers) if window else None,
+        n_vocab=_vocab_size(meta),
     )
+
+
+def _vocab_size(meta: dict[str, Any]) -> int | None:
+    tokens = meta.get(VOCAB_KEY)
+    count = len(tokens) if isinstance(tokens, list) else meta.get(VOCAB_SIZE)
+    return count if isinstance(count, int) and count > 0 else None

@@ -152,8 +152,11 @@ class ChildSupervisor:
         tail_lines: int = 30,
         model: str | None = None,
         load_times: LoadTimes | None = None,
+        n_vocab: int | None = None,
     ) -> None:
         self.template = template
+        # The model's vocabulary size (GGUF header), for the request schema's token-id bounds.
+        self.n_vocab = n_vocab
         # ``model``: the served model's name (several models); every record of this child carries it.
         self.model = model
         self.log = ModelLog(log, model)
@@ -255,6 +258,7 @@ class ChildSupervisor:
             embeddings=spec.embeddings,
             reranking=spec.reranking,
             info=self._public_status(),
+            n_vocab=self.n_vocab,
             **self._load_view(),
         )
 

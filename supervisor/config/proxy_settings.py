@@ -11,6 +11,7 @@ from proxy.settings import (
     DoorSettings,
     KeyEntry,
     Listener,
+    PoisonSettings,
     ProxySettings,
     StoreSettings,
     TelemetrySettings,
@@ -130,4 +131,9 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
         store=store_settings(cfg.store),
         cluster=cluster_settings(cfg.cluster),
         telemetry=telemetry_settings(cfg.telemetry),
+        unknown_fields=p.unknown_fields,
+        admin_unknown_fields=p.admin_unknown_fields,
+        poison=PoisonSettings(
+            strikes=p.poison.strikes, window_s=p.poison.window_s, cooldown_s=p.poison.cooldown_s
+        ),
     )

@@ -126,6 +126,21 @@ class CountingConfig:
     burst: int = setting(40, "counting/templating requests a tenant may send at once", at_least(1))
 
 
+UnknownFields = Literal["refuse", "drop", "pass"]
+
+
+@dataclass(frozen=True)
+class PoisonConfig:
+    strikes: int = setting(
+        2,
+        "a key whose requests were each in flight at two deaths of their model's llama-server this many"
+        " times within window_s is refused for cooldown_s",
+        at_least(1),
+    )
+    window_s: float = setting(600.0, "how far back a key's poison requests count", positive)
+    cooldown_s: float = setting(600.0, "how long such a key is refused (429 key_cooling_down)", positive)
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     host: str = setting("127.0.0.1", "address the proxy listens on (the only public door)")
@@ -162,6 +177,15 @@ class ProxyConfig:
     cors: CorsConfig = section(CorsConfig, "browser access (CORS), off by default")
     counting: CountingConfig = section(CountingConfig, "rate bound of the routes that count tokens")
     ui: bool = setting(True, "serve the status page and playground at /ui/ (data needs a key); false = 404")
+    unknown_fields: UnknownFields = setting(
+        "refuse",
+        "a body field no route declares (docs/api.md), from an inference key: refuse (400 naming it),"
+        " drop (removed), pass (sent to llama-server unchecked)",
+    )
+    admin_unknown_fields: UnknownFields = setting(
+        "refuse", "the same for admin keys: pass opens undeclared fields to them, explicitly"
+    )
+    poison: PoisonConfig = section(PoisonConfig, "requests that keep killing their llama-server")
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,7 @@ class ModelHost:
             embeddings=spec.embeddings,
             reranking=spec.reranking,
             info=info,
+            n_vocab=self.prepared.model.shape.n_vocab,
         )
 
     def _load_estimate(self) -> float:

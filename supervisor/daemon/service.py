@@ -171,6 +171,7 @@ class Daemon:
             identity=prepared.identity,
             model=name,  # every log record of this child names its model
             load_times=self.load_times,
+            n_vocab=prepared.model.shape.n_vocab,
         )
         sup.budget = prepared.budget.as_dict()
         return sup

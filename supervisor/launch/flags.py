@@ -106,6 +106,9 @@ REFUSED: dict[str, str] = {
     "--hf-file": _MODEL,
     "-mu": _MODEL,
     "--model-url": _MODEL,
+    # Advisories (docs/security.md): each flag opens a door the proxy cannot guard.
+    "--rpc": "offloads to remote ggml RPC servers, which trust whoever reaches them (the --rpc advisories)",
+    "--context-shift": "context shifting with a request's n_keep/n_discard (CVE-2026-21869); off by default",
 }
 
 

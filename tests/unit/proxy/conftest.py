@@ -80,6 +80,10 @@ def default_settings(entries: dict[str, KeyEntry], **changes: object) -> ProxySe
         keys=tuple(entries.values()),
         max_body_bytes=64 * 1024,
         timeouts=Timeouts(connect_s=2, first_token_s=30, total_s=60),
+        # The fake child's switches (fake_delay_ms, fake_status...) are body fields no route declares:
+        # passed here; the door's own refusals are tested with "refuse" (tests/unit/proxy/schema).
+        unknown_fields="pass",
+        admin_unknown_fields="pass",
     )
     return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
 

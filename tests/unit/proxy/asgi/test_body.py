@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from proxy.admission.cost import cap_max_tokens
 from proxy.asgi.body import parse_object, read_body
 from proxy.asgi.disconnect import ClientGone
 from proxy.errors import BadRequest, PayloadTooLarge
@@ -54,19 +53,6 @@ def test_non_objects_are_400(raw: bytes) -> None:
         parse_object(raw)
     assert info.value.status == 400
     assert info.value.body().startswith(b'{"error":{')
-
-
-def test_token_cap() -> None:
-    payload: dict[str, Any] = {}
-    assert cap_max_tokens(payload, 64) and payload == {"max_tokens": 64}
-    payload = {"max_tokens": 10}
-    assert not cap_max_tokens(payload, 64) and payload == {"max_tokens": 10}
-    payload = {"max_tokens": 1000, "n_predict": -1}
-    assert cap_max_tokens(payload, 64) and payload == {"max_tokens": 64, "n_predict": 64}
-    payload = {"max_completion_tokens": 500}
-    assert cap_max_tokens(payload, 64) and payload == {"max_completion_tokens": 64}
-    with pytest.raises(BadRequest):
-        cap_max_tokens({"max_tokens": "lots"}, 64)
 
 
 @pytest.mark.parametrize(

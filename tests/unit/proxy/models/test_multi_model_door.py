@@ -139,5 +139,5 @@ def test_a_request_wider_than_the_tenants_total_is_a_400_not_a_429_to_retry() ->
     team = TenantSettings("team", max_concurrency=4, max_n=4, max_concurrency_total=2)
     payload = {**CHAT, "n": 3}
     with pytest.raises(BadRequest, match=r"would occupy 3 slots at once .* this tenant may hold 2"):
-        limits.check("chat", payload, team, admin=False, capacity=4)
-    assert limits.check("chat", {**CHAT, "n": 2}, team, admin=False, capacity=4).slots == 2
+        limits.size("chat", payload, team, capacity=4)
+    assert limits.size("chat", {**CHAT, "n": 2}, team, capacity=4).slots == 2

@@ -1,0 +1,74 @@
+"""The one check of a request body against the declared schema: every field known to its route, of its
+declared type and range, sent by a key that may send it; then the tenant's rewriting bounds.
+
+Unknown fields (``proxy.unknown_fields``, and ``proxy.admin_unknown_fields`` for admin keys): ``refuse``
+(the default: a field llama-server reads that nobody has declared is closed before anyone knows it is
+unsafe), ``drop`` (removed, the request goes on), ``pass`` (sent to the child unchecked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.schema.bounds import bound_generation
+from proxy.schema.fields import Field
+from proxy.schema.routes import SCHEMAS
+from proxy.schema.values import Context, FieldError, UnknownField
+from proxy.settings import UnknownPolicy
+
+
+def check_body(
+    schema: str, payload: dict[str, Any], ctx: Context, unknown: UnknownPolicy, *, generates: bool = False
+) -> bool:
+    """Refuse ``payload`` (``FieldError``, a 400 naming the field) or accept it, dropping what the
+    settings drop and rewriting what the tenant's bounds rewrite. True when the body changed."""
+    fields = SCHEMAS[schema]
+    rewritten = False
+    for name in list(payload):
+        value = payload[name]
+        field = fields.get(name)
+        if field is None:
+            if unknown == "refuse":
+                raise UnknownField(
+                    name, f"is not a field of {_ROUTE_WORDS.get(schema, schema)} requests here"
+                )
+            if unknown == "drop":
+                del payload[name]
+                rewritten = True
+            continue
+        if field.who != "any" and not (field.who == "admin" and ctx.admin):
+            if field.who == "admin" and (value is None or value == field.default):
+                del payload[name]  # the default anyway: nothing was asked that is not given
+                rewritten = True
+                continue
+            raise FieldError(name, f"is not accepted from {_WHO[field.who]}: {field.why}")
+        if value is None:
+            if not field.nullable:
+                raise FieldError(name, "must not be null")
+            continue
+        field.value.check(value, name, ctx)
+    if generates:
+        rewritten = bound_generation(schema == "chat", payload, ctx.tenant, ctx.admin) or rewritten
+    return rewritten
+
+
+def declared(schema: str) -> Mapping[str, Field]:
+    """Every field ``schema`` accepts (for docs/api.md and its test)."""
+    return SCHEMAS[schema]
+
+
+_WHO = {"admin": "inference keys (admin keys only)", "nobody": "any key"}
+_ROUTE_WORDS = {
+    "chat": "chat completion",
+    "completions": "OpenAI completion",
+    "completion": "llama.cpp completion",
+    "infill": "infill",
+    "responses": "Responses",
+    "messages": "Anthropic Messages",
+    "count_tokens": "Anthropic count_tokens",
+    "embeddings": "embedding",
+    "rerank": "rerank",
+    "tokenize": "tokenize",
+    "detokenize": "detokenize",
+}
