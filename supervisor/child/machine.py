@@ -10,11 +10,22 @@ touches no process, so every transition is unit-tested with plain numbers for ``
                           | exit / stall /        | exit                 | N failures
                           | timeout / bad gate    v                      v
                           +----------------> (kill) --> BACKOFF --timer--> STARTING
-                                                    \\-> FAILED (too many failures in the window)
+                             (failed start)         \\-> FAILED (too many failed starts in the window)
     any running state --stop--> STOPPING (SIGTERM, grace, SIGKILL) --exit--> STOPPED
 
 Failures kill the child with SIGKILL at once (a broken child has nothing to drain); a requested stop
 or a config restart gets SIGTERM and a grace period first.
+
+Two kinds of failure, two policies. A *failed start* (spawn error, exit during load, bad gate answer,
+load timeout or stall) says the binary, the model or the flags may be broken: it counts in the
+sliding window, and more than ``max_restarts`` of them within ``restart_window_s`` is FAILED, because
+retrying a child that cannot start only burns CPU and disk. A *crash of a ready child* (it exited, or
+was killed for failing /health, after it passed the gate) proves the opposite: the child can start,
+and what killed it is usually what it was asked (a request that aborts llama-server) or the host (an
+OOM kill). Giving up there would let one tenant's requests take the model down for everyone, so it
+never gives up: it restarts after its own full-jitter backoff, counted by ``crashes`` and capped by
+the same ``backoff_max_s``. Both counters go back to zero once a child has been READY for
+``stable_after_s``.
 
 A config restart may be a *trial* (``Restart(trial=True)``: new llama settings while the previous ones
 passed the gate). A trial child that fails before passing the gate is no crash of the service: it is
@@ -113,7 +124,9 @@ class Machine:
     last_output_at: float = 0.0
     ready_at: float | None = None
     health_failures: int = 0
-    attempt: int = 0  # consecutive failures since the child was last stable
+    attempt: int = 0  # failed starts since a child was last stable: the next one's backoff
+    crashes: int = 0  # crashes of a ready child since a child was last stable: never gives up
+    crashed: bool = False  # the last failure was a ready child's crash (not a failed start)
     backoff_until: float | None = None
     kill_at: float | None = None  # STOPPING: when SIGTERM's grace runs out
     after: After = After.STOP
@@ -145,7 +158,7 @@ class Machine:
             return self.backoff_until
         if self.state is State.STOPPING:
             return self.kill_at
-        if self.state is State.READY and self.attempt and self.ready_at is not None:
+        if self.state is State.READY and self._backing_off() and self.ready_at is not None:
             return self.ready_at + p.stable_after_s
         return None
 
@@ -241,7 +254,7 @@ class Machine:
         if self.state in (State.BACKOFF, State.FAILED):
             if self.state is State.FAILED:
                 self.window.clear()
-                self.attempt = 0
+                self.attempt = self.crashes = 0
             return self._start(now)
         return []
 
@@ -273,10 +286,10 @@ class Machine:
         elif (
             self.state is State.READY
             and self.ready_at is not None
-            and self.attempt
+            and self._backing_off()
             and now >= self.ready_at + p.stable_after_s
         ):
-            self.attempt = 0  # stable again: the next crash gets the shortest backoff
+            self.attempt = self.crashes = 0  # stable again: the next failure gets the shortest backoff
         return []
 
     def _health_failed(self, now: float, reason: str) -> list[Action]:
@@ -320,8 +333,14 @@ class Machine:
         self.last_failure = reason
         self.last_failure_cause = cause
         self.failures[cause] = self.failures.get(cause, 0) + 1
-        self.attempt += 1
-        give_up = self.window.record(now)
+        # The state before the failure tells the kinds apart: a child past the gate could start.
+        self.crashed = self.state in (State.READY, State.UNHEALTHY)
+        if self.crashed:
+            self.crashes += 1
+            give_up = False  # requests (or the host) killed a child that works: never FAILED for it
+        else:
+            self.attempt += 1
+            give_up = self.window.record(now)
         after = After.GIVE_UP if give_up else After.RESTART
         if running:
             # A broken child has nothing to drain: SIGKILL now rather than after a grace period.
@@ -350,14 +369,26 @@ class Machine:
         why = f"loading the previous settings (reload rejected: {self.rejected})"
         return [Action.ROLLBACK, *self._start(now, why)]
 
+    def _backing_off(self) -> bool:
+        return bool(self.attempt or self.crashes)
+
     def _backoff(self, now: float) -> None:
-        delay = self.policy.backoff(self.attempt)
+        p = self.policy
+        if self.crashed:
+            delay = p.backoff(self.crashes)
+            why = f"a crash of a ready child ({self.crashes} in a row; never gives up)"
+        else:
+            delay = p.backoff(self.attempt)
+            why = (
+                f"a failed start ({len(self.window.times)} within {p.restart_window_s:g} s; "
+                f"FAILED at {p.max_restarts + 1})"
+            )
         self.backoff_until = now + delay
-        self._go(State.BACKOFF, f"restarting in {delay:.1f} s after: {self.last_failure}")
+        self._go(State.BACKOFF, f"restarting in {delay:.1f} s after {why}: {self.last_failure}")
 
     def _give_up_reason(self) -> str:
-        p = self.policy
+        p, n = self.policy, len(self.window.times)
         return (
-            f"gave up: {len(self.window.times)} failures within {p.restart_window_s:g} s "
+            f"gave up: {n} failed start{'' if n == 1 else 's'} within {p.restart_window_s:g} s "
             f"(max_restarts {p.max_restarts}); last: {self.last_failure}"
         )

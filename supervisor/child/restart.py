@@ -1,29 +1,31 @@
 """Restart policy: how long to wait before the next start, and when to give up.
 
-The delay is tenacity's full-jitter exponential backoff (``wait_random_exponential``) used as a pure
-function of the attempt number: the state machine decides *whether* to restart, tenacity computes
-*how long* to wait. Full jitter (uniform between 0 and the exponential bound) keeps the first restart
-after a crash quick (at most ``backoff_initial_s``), which the kill-to-READY target depends on.
+The delay is full-jitter exponential backoff, a pure function of the attempt number: the state machine
+decides *whether* to restart, ``jittered_backoff`` says *how long* to wait. Full jitter (uniform between
+0 and the exponential bound) keeps the first restart after a crash quick (at most ``backoff_initial_s``),
+which the kill-to-READY target depends on, and spreads the restarts of several daemons that crashed
+together.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import tenacity
-
 from supervisor.config.schema import SupervisionConfig
+
+# 2**62 times any sane initial delay is past every cap; a larger exponent only risks OverflowError
+# (float(2**1024)) for a counter that never stops growing (a ready child's crashes never give up).
+_MAX_DOUBLINGS = 62
 
 
 def jittered_backoff(initial_s: float, max_s: float) -> Callable[[int], float]:
     """attempt (1 = first restart) -> seconds; uniform in [0, min(max_s, initial_s * 2**(attempt-1))]."""
-    wait = tenacity.wait_random_exponential(multiplier=initial_s, max=max_s)
 
     def delay(attempt: int) -> float:
-        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = max(1, attempt)
-        return float(wait(state))
+        bound = min(max_s, initial_s * 2.0 ** min(max(1, attempt) - 1, _MAX_DOUBLINGS))
+        return random.uniform(0.0, bound)  # noqa: S311 - a restart delay, not a secret
 
     return delay
 

@@ -287,10 +287,14 @@ class SupervisionConfig:
     backoff_initial_s: float = setting(
         1.0, "upper bound of the first restart delay (full jitter)", at_least(0)
     )
-    backoff_max_s: float = setting(30.0, "upper bound of any restart delay", at_least(0))
-    stable_after_s: float = setting(60.0, "READY this long resets the backoff", at_least(0))
-    max_restarts: int = setting(5, "restarts allowed within restart_window_s before FAILED", at_least(0))
-    restart_window_s: float = setting(300.0, "window for max_restarts", positive)
+    backoff_max_s: float = setting(
+        30.0, "upper bound of any restart delay (after a failed start or a ready child's crash)", at_least(0)
+    )
+    stable_after_s: float = setting(60.0, "READY this long resets both backoffs", at_least(0))
+    max_restarts: int = setting(
+        5, "failed starts allowed within restart_window_s before FAILED (crashes never count)", at_least(0)
+    )
+    restart_window_s: float = setting(300.0, "sliding window of the failed starts for max_restarts", positive)
     exit_on_failed: bool = setting(False, "exit the daemon non-zero on FAILED (for systemd/Kubernetes)")
     stop_grace_s: float = setting(10.0, "SIGTERM to SIGKILL grace when stopping the child", at_least(0))
     memory_headroom_mib: int = setting(1024, "memory left free for the OS and other work", at_least(0))

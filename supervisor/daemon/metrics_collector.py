@@ -25,7 +25,9 @@ from prometheus_client.registry import Collector
 from supervisor.child.machine import Machine, State
 
 # Failure causes the state machine records (child.machine.Machine._fail); listed so that every cause is
-# exported from the start at 0 and ``increase()`` sees the first failure of each.
+# exported from the start at 0 and ``increase()`` sees the first failure of each. The first five are
+# failed starts (they count towards FAILED); "exit" and "unhealthy" are crashes of a ready child (restarted
+# without end, never FAILED).
 FAILURE_CAUSES = ("spawn", "load_exit", "load_timeout", "load_stalled", "gate", "exit", "unhealthy")
 # Digest prefixes are enough to tell builds and models apart on a dashboard without a 64-char label.
 DIGEST_PREFIX = 12

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import threading
 from typing import Any
@@ -61,12 +62,27 @@ def test_a_flag_the_binary_refuses_keeps_that_model_on_its_old_child(daemon_fact
 
 
 def test_sighup_with_the_config_unchanged_brings_a_failed_model_back(daemon_factory: DaemonFactory) -> None:
-    d = daemon_factory(two(daemon_factory, supervision={"max_restarts": 0, "backoff_initial_s": 0.5}))
+    # "other" serves its own name for the demo model (a hard link, else a copy), which can go away.
+    path, away = daemon_factory.folder / "other.gguf", daemon_factory.folder / "other.gguf.away"
+    try:
+        os.link(daemon_factory.model, path)
+    except OSError:
+        shutil.copyfile(daemon_factory.model, path)
+    d = daemon_factory(
+        two(daemon_factory, {"path": str(path)}, supervision={"max_restarts": 0, "backoff_initial_s": 0.5})
+    )
     chat_pid, other_pid = child_pid(d, "chat"), child_pid(d, "other")
     assert other_pid is not None
-    os.kill(other_pid, signal.SIGKILL)  # max_restarts 0: the first failure gives up
+    path.rename(away)  # the running child keeps its mapping; a new one cannot open the file
+    # A crash of the ready child is restarted, never FAILED; its restart cannot start, and with
+    # max_restarts 0 that first failed start gives up.
+    os.kill(other_pid, signal.SIGKILL)
     d.wait_for(lambda code, b: b["models"]["other"]["state"] == "FAILED", "the model to give up")
     code, failed = d.readyz()
+    assert failed["models"]["other"]["reason"].startswith(
+        "gave up: 1 failed start within 300 s (max_restarts 0); last: "
+    )
+    away.rename(path)  # the cause goes away outside the config
     d.signal(signal.SIGHUP)
     d.wait_for(lambda code, b: code == 200 and b["models"]["other"]["state"] == "READY", "READY again", 120)
     assert ask(d, "other")

@@ -99,7 +99,7 @@ def test_settings_that_fail_at_load_roll_back_to_the_previous_ones(
 def test_failed_says_how_to_recover_and_a_sighup_with_a_fixed_config_does(
     daemon_factory: DaemonFactory,
 ) -> None:
-    fake = make_fake_binary(daemon_factory.folder / "fake", "--crash-after-ready", "0.1")
+    fake = make_fake_binary(daemon_factory.folder / "fake", "--exit-during-load", "1")
     crash_loop = {"supervision": {"max_restarts": 1, "backoff_initial_s": 0.1, "backoff_max_s": 0.1}}
     d = daemon_factory(crash_loop, binary=fake, wait_ready=False)
     body = d.wait_for(lambda code, b: b.get("state") == "FAILED", "FAILED", timeout=60)

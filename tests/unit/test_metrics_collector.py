@@ -154,12 +154,17 @@ def test_boot_crash_restart_and_give_up() -> None:
     # the last successful load stays visible while the next one runs
     assert s[("llamagate_child_load_duration_seconds", lab())] == 2.5
 
-    h.step(Exited(2, "exited with code 1"), 21.0)
-    h.step(Tick(), 21.0)
-    h.step(Exited(3, "exited with code 1"), 22.0)
+    # max_restarts 2: the crash of the ready child does not count towards giving up; the third
+    # failed start does.
+    for gen, at in [(2, 21.0), (3, 22.0)]:
+        h.step(Exited(gen, "exited with code 1"), at)
+        h.step(Tick(), at)
+        assert state_of(h.samples()) == ["STARTING"]
+    h.step(Exited(4, "exited with code 1"), 23.0)
     s = h.samples()
     assert state_of(s) == ["FAILED"]
-    assert s[("llamagate_child_failures_total", lab(cause="load_exit"))] == 2
+    assert s[("llamagate_child_failures_total", lab(cause="load_exit"))] == 3
+    assert s[("llamagate_child_failures_total", lab(cause="exit"))] == 1
 
 
 def test_child_process_figures_come_from_the_live_pid() -> None:

@@ -22,6 +22,7 @@ from supervisor.child.machine import (
     Tick,
 )
 from supervisor.child.restart import Policy
+from supervisor.config.schema import SupervisionConfig
 
 S = State
 A = Action
@@ -77,7 +78,10 @@ def test_exit_during_load_backs_off_then_restarts() -> None:
     assert m.step(Exited(1, "exited with code 1"), 0.5) == [A.STOP_PROBES]
     assert m.state is S.BACKOFF
     assert m.last_failure == "exited during load: exited with code 1"
-    assert m.reason == "restarting in 1.0 s after: exited during load: exited with code 1"
+    assert m.reason == (
+        "restarting in 1.0 s after a failed start (1 within 100 s; FAILED at 4): "
+        "exited during load: exited with code 1"
+    )
     assert m.next_deadline() == 1.5
     assert m.step(Tick(), 1.4) == []
     assert m.step(Tick(), 1.5) == [A.SPAWN]
@@ -145,6 +149,11 @@ def test_crash_after_ready() -> None:
     assert m.step(Exited(1, "killed by SIGKILL from outside (out of memory?)"), 5.0) == [A.STOP_PROBES]
     assert m.state is S.BACKOFF
     assert m.last_failure == "killed by SIGKILL from outside (out of memory?)"
+    assert m.reason == (
+        "restarting in 1.0 s after a crash of a ready child (1 in a row; never gives up): "
+        "killed by SIGKILL from outside (out of memory?)"
+    )
+    assert (m.crashes, m.attempt, m.window.times) == (1, 0, [])  # not a failed start
 
 
 def test_crash_loop_ends_in_failed() -> None:
@@ -160,7 +169,7 @@ def test_crash_loop_ends_in_failed() -> None:
     m.step(Exited(m.generation, "exited with code 1"), now + 0.1)
     assert m.state is S.FAILED
     assert m.reason == (
-        "gave up: 3 failures within 100 s (max_restarts 2); last: exited during load: exited with code 1"
+        "gave up: 3 failed starts within 100 s (max_restarts 2); last: exited during load: exited with code 1"
     )
     assert m.next_deadline() is None
     assert m.step(Tick(), now + 1000) == []  # FAILED stays FAILED
@@ -172,12 +181,13 @@ def test_crash_loop_ends_in_failed() -> None:
 def test_failures_outside_the_window_do_not_accumulate() -> None:
     m = Machine(policy(max_restarts=1, restart_window_s=10.0))
     m.step(Start(), 0.0)
-    m.step(GatePassed(1), 1.0)
     m.step(Exited(1, "exited with code 1"), 2.0)
     m.step(Tick(), 100.0)
-    m.step(GatePassed(2), 101.0)
-    m.step(Exited(2, "exited with code 1"), 102.0)  # the first failure is 100 s old
+    m.step(Exited(2, "exited with code 1"), 102.0)  # the first failed start is 100 s old
     assert m.state is S.BACKOFF
+    m.step(Tick(), 105.0)
+    m.step(Exited(3, "exited with code 1"), 106.0)  # the second is 4 s old: one more than max_restarts
+    assert m.state is S.FAILED
 
 
 def test_backoff_grows_then_resets_after_stable() -> None:
@@ -271,7 +281,6 @@ def _running_failure(kind: str, m: Machine) -> list[Action]:
         ("stall", "load stalled: no output and no progress for 10 s"),
         ("load_timeout", "load timeout: not ready after 60 s"),
         ("bad_gate", "readiness gate failed: /v1/models reports n_ctx 2048"),
-        ("unhealthy", "not answering /health: 3 consecutive failures (last: timeout)"),
     ],
 )
 def test_a_running_childs_last_allowed_failure_ends_in_failed(kind: str, last: str) -> None:
@@ -287,9 +296,145 @@ def test_a_running_childs_last_allowed_failure_ends_in_failed(kind: str, last: s
     assert m.state is S.STOPPING and m.last_failure == last
     assert m.step(Exited(2, "killed by SIGKILL"), m.spawned_at + 70.0) == []
     assert m.state is S.FAILED and not m.ready
-    assert m.reason == f"gave up: 2 failures within 100 s (max_restarts 1); last: {last}"
+    assert m.reason == f"gave up: 2 failed starts within 100 s (max_restarts 1); last: {last}"
     assert m.next_deadline() is None
     assert m.step(Tick(), 10_000.0) == [] and m.state is S.FAILED
+
+
+# --- a ready child's crashes never give up; failed starts do --------------------------------------------
+def crash(m: Machine, now: float, how: str) -> float:
+    """The READY child at ``now`` dies as ``how`` says; returns when it is back in BACKOFF."""
+    gen = m.generation
+    if how == "unhealthy":  # stops answering /health: killed by the machine
+        for i in range(3):
+            m.step(HealthFailed(gen, "timeout"), now + i)
+        assert m.state is S.STOPPING
+        now += 3.0
+        description = "killed by SIGKILL"
+    else:
+        description = how
+    assert m.step(Exited(gen, description), now) == ([] if how == "unhealthy" else [A.STOP_PROBES])
+    assert m.state is S.BACKOFF, m.reason
+    return now
+
+
+def test_twenty_crashes_of_a_ready_child_within_the_window_never_give_up() -> None:
+    # max_restarts 1 and a 1000 s window: two counted failures would be FAILED. Twenty crashes of a
+    # child that reached READY each time (a request that aborts it, an OOM kill, a hang), all within
+    # the window, are not counted there: the model keeps coming back.
+    m = ready_machine(max_restarts=1, restart_window_s=1000.0)
+    now = 2.0
+    hows = ["killed by SIGABRT", "killed by SIGKILL from outside (out of memory?)", "unhealthy"]
+    for n in range(1, 21):
+        now = crash(m, now + 1.0, hows[n % 3])
+        assert m.crashes == n and m.attempt == 0 and m.window.times == []
+        assert m.backoff_until == now + n  # the crash counter drives the delay (policy: n seconds)
+        assert m.reason is not None
+        assert m.reason.startswith(f"restarting in {n}.0 s after a crash of a ready child ({n} in a row;")
+        now = m.backoff_until
+        assert m.step(Tick(), now) == [A.SPAWN]
+        assert m.step(GatePassed(m.generation), now + 1.0) == [A.START_LIVENESS]
+        now += 1.0
+    assert now < 1000.0 and m.state is S.READY and m.generation == 21
+    assert m.failures.get("exit", 0) + m.failures.get("unhealthy", 0) == 20
+
+
+def test_a_ready_childs_crash_delays_stay_capped_by_backoff_max() -> None:
+    # The configured policy itself (full jitter, backoff_initial_s 1, backoff_max_s 8), max_restarts 0:
+    # any counted failure would be FAILED at once.
+    p = Policy.from_config(
+        SupervisionConfig(max_restarts=0, backoff_initial_s=1.0, backoff_max_s=8.0, restart_window_s=3600)
+    )
+    m = Machine(p)
+    m.step(Start(), 0.0)
+    m.step(GatePassed(1), 1.0)
+    now, delays = 1.0, []
+    for _ in range(20):
+        now = crash(m, now + 1.0, "killed by SIGABRT")
+        assert m.backoff_until is not None
+        delays.append(m.backoff_until - now)
+        now = m.backoff_until
+        m.step(Tick(), now)
+        m.step(GatePassed(m.generation), now + 1.0)
+        now += 1.0
+    assert m.state is S.READY and m.crashes == 20
+    assert all(0.0 <= d <= 8.0 for d in delays), delays
+    assert all(d <= 2.0**i for i, d in enumerate(delays[:3])), delays  # 1, 2, 4 before the cap
+
+
+def test_a_child_that_fails_to_load_one_more_than_max_restarts_times_is_failed() -> None:
+    m = Machine(policy(max_restarts=3, restart_window_s=100.0))
+    m.step(Start(), 0.0)
+    now = 0.0
+    for n in range(1, 4):
+        m.step(Exited(m.generation, "exited with code 1"), now + 0.5)
+        assert m.state is S.BACKOFF and m.attempt == n
+        now = m.backoff_until or 0.0
+        m.step(Tick(), now)
+    m.step(Exited(m.generation, "exited with code 1"), now + 0.5)
+    assert m.state is S.FAILED
+    assert m.reason == (
+        "gave up: 4 failed starts within 100 s (max_restarts 3); last: exited during load: exited with code 1"
+    )
+
+
+def test_crashes_between_failed_starts_neither_count_nor_reset_the_window() -> None:
+    # max_restarts 2: the third failed start within 100 s is FAILED, however many crashes of a ready
+    # child come in between; and the two counters keep their own backoff.
+    m = Machine(policy(max_restarts=2, restart_window_s=100.0))
+    m.step(Start(), 0.0)
+    m.step(Exited(1, "exited with code 1"), 1.0)  # failed start 1
+    assert (m.attempt, m.crashes, m.backoff_until) == (1, 0, 2.0)
+    m.step(Tick(), 2.0)
+    m.step(GatePassed(2), 3.0)
+    now = 3.0
+    for n in range(1, 4):  # three crashes of the ready child: delays 1, 2, 3 (its own counter)
+        now = crash(m, now + 1.0, "killed by SIGSEGV")
+        assert (m.attempt, m.crashes, m.backoff_until) == (1, n, now + n)
+        now = m.backoff_until
+        m.step(Tick(), now)
+        m.step(GatePassed(m.generation), now + 0.5)
+        now += 0.5
+    now = crash(m, now + 1.0, "killed by SIGSEGV")
+    m.step(Tick(), m.backoff_until or 0.0)
+    m.step(Exited(m.generation, "exited with code 1"), m.spawned_at + 1.0)  # failed start 2
+    assert m.state is S.BACKOFF and (m.attempt, m.crashes) == (2, 4)
+    assert m.backoff_until == m.spawned_at + 1.0 + 2.0  # the failed starts' counter: 2nd delay
+    assert m.reason is not None and "after a failed start (2 within 100 s; FAILED at 3)" in m.reason
+    m.step(Tick(), m.backoff_until or 0.0)
+    m.step(GatePassed(m.generation), m.spawned_at + 1.0)
+    crash(m, m.spawned_at + 2.0, "killed by SIGABRT")
+    m.step(Tick(), m.backoff_until or 0.0)
+    assert m.spawned_at < 100.0  # every failure so far within the window
+    m.step(Exited(m.generation, "exited with code 1"), m.spawned_at + 1.0)  # failed start 3
+    assert m.state is S.FAILED and m.failures == {"load_exit": 3, "exit": 5}
+    assert m.reason == (
+        "gave up: 3 failed starts within 100 s (max_restarts 2); last: exited during load: exited with code 1"
+    )
+    # An operator's restart leaves FAILED with both counters clean.
+    assert m.step(Restart("SIGHUP"), 200.0) == [A.SPAWN]
+    assert (m.attempt, m.crashes, m.window.times) == (0, 0, [])
+
+
+def test_a_stable_child_resets_the_crash_backoff_but_not_the_window() -> None:
+    m = Machine(policy(max_restarts=1, restart_window_s=1000.0, stable_after_s=30.0))
+    m.step(Start(), 0.0)
+    m.step(Exited(1, "exited with code 1"), 1.0)  # failed start 1 of 2
+    m.step(Tick(), 2.0)
+    m.step(GatePassed(2), 3.0)
+    crash(m, 4.0, "killed by SIGABRT")
+    crash_back = m.backoff_until or 0.0
+    m.step(Tick(), crash_back)
+    m.step(GatePassed(3), crash_back + 1.0)
+    assert m.next_deadline() == crash_back + 31.0  # when READY counts as stable
+    m.step(Tick(), crash_back + 31.0)
+    assert (m.attempt, m.crashes) == (0, 0)
+    now = crash(m, crash_back + 40.0, "killed by SIGABRT")
+    assert m.backoff_until == now + 1.0  # the shortest delay again
+    m.step(Tick(), now + 1.0)
+    # Stable does not forget the failed start at 1.0: a second one within 1000 s is FAILED.
+    m.step(Exited(m.generation, "exited with code 1"), now + 2.0)
+    assert m.state is S.FAILED
 
 
 # --- a reload's trial: new settings that fail before the gate roll back, and count as no crash -------
@@ -340,6 +485,7 @@ def test_a_trial_that_passed_the_gate_fails_like_any_child_afterwards() -> None:
     assert m.trial_generation is None
     assert m.step(Exited(2, "killed by SIGSEGV"), 9.0) == [A.STOP_PROBES]
     assert m.state is S.BACKOFF and m.failures == {"exit": 1} and m.rejected is None
+    assert m.crashes == 1 and m.window.times == []  # a crash of a ready child, as for any other
 
 
 def test_a_rollback_child_that_fails_is_a_plain_failure() -> None:

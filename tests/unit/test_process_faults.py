@@ -152,17 +152,33 @@ async def test_a_sigstopped_child_is_declared_dead(tmp_path: Path) -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-async def test_a_crash_loop_ends_in_failed(tmp_path: Path) -> None:
-    async with supervised(tmp_path, "--crash-after-ready", "0.1", max_restarts=2) as (sup, watch):
+async def test_a_child_that_keeps_failing_to_load_ends_in_failed(tmp_path: Path) -> None:
+    async with supervised(tmp_path, "--exit-during-load", "3", max_restarts=2) as (sup, watch):
         await watch.until(watch.reached(State.FAILED), "FAILED")
         assert sup.machine.generation == 3  # first start + 2 restarts
-        assert sup.machine.reason is not None
-        # The fake crashes 0.1 s after it starts answering: on a busy machine that may come before the
-        # readiness gate has passed ("exited during load: ...") or after; either way it is the exit.
-        assert sup.machine.reason.startswith("gave up: 3 failures within 60 s (max_restarts 2); last: ")
-        assert sup.machine.reason.endswith("exited with code 3")
+        assert sup.machine.reason == (
+            "gave up: 3 failed starts within 60 s (max_restarts 2); "
+            "last: exited during load: exited with code 3"
+        )
         snap = sup.snapshot()
         assert not snap.ready and snap.state == "FAILED" and snap.reason == sup.machine.reason
+
+
+async def test_a_ready_child_killed_again_and_again_is_never_given_up(tmp_path: Path) -> None:
+    # max_restarts 0: one failed start would be FAILED. Five deaths of a child that had passed the gate
+    # (what a request that aborts llama-server does) are crashes of a ready child: each is restarted.
+    async with supervised(tmp_path, max_restarts=0) as (sup, watch):
+        for generation in range(1, 6):
+            await watch.until(watch.reached(State.READY, generation), f"READY, child {generation}")
+            pid = sup.child_pid
+            assert pid is not None
+            psutil.Process(pid).kill()
+        await watch.until(watch.reached(State.READY, 6), "READY, child 6")
+        assert sup.machine.failures == {"exit": 5} and sup.machine.crashes == 5
+        assert State.FAILED not in [n for _, n, _, _ in watch.seen]
+        backoffs = [r or "" for _, n, r, _ in watch.seen if n is State.BACKOFF]
+        assert len(backoffs) == 5
+        assert all(" after a crash of a ready child (" in r for r in backoffs), backoffs
 
 
 async def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import supervisor.daemon.service as daemon_mod
 from supervisor.child.driver import ChildSupervisor
-from supervisor.child.machine import State
+from supervisor.child.machine import State, Tick
 from supervisor.child.osseam import ServedModel
 from supervisor.child.preflight import error_line, refused_arguments
 from supervisor.config.load import load_config
@@ -178,8 +178,12 @@ async def test_sighup_while_failed_tries_again_on_the_same_settings(h: Harness) 
     h.probes.n_ctx = 2048  # every child from now on fails the gate
     h.sup.machine.policy = replace(h.sup.machine.policy, max_restarts=0)
     h.sup.machine.window.max_restarts = 0
-    h.os.children[0].exit(-9)
-    await until(lambda: h.sup.state is State.FAILED, "FAILED")
+    h.os.children[0].exit(-9)  # a crash of the ready child: restarted after its backoff, never FAILED
+    await until(lambda: h.sup.state is State.BACKOFF, "BACKOFF")
+    h.os.t += 60.0  # the fake clock passes the backoff (at most backoff_max_s)
+    h.sup.post(Tick())
+    await until(lambda: h.sup.state is State.FAILED, "FAILED")  # its restart failed the gate
+    assert h.sup.machine.failures == {"exit": 1, "gate": 1}
     assert h.sup.snapshot().retry_after_s is None and "SIGHUP" in str(h.readyz_info()["recovery"])
     h.probes.n_ctx = 4096  # the cause went away (outside the config)
     await h.daemon.reload()

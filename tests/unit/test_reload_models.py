@@ -6,6 +6,7 @@ FAILED model comes back on an unchanged config."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import signal
@@ -17,7 +18,7 @@ import pytest
 
 import supervisor.daemon.service as daemon_mod
 from supervisor.child.driver import ChildSupervisor
-from supervisor.child.machine import State
+from supervisor.child.machine import State, Tick
 from supervisor.child.osseam import ServedModel
 from supervisor.config.load import load_config
 from supervisor.config.models import served_models
@@ -257,8 +258,13 @@ async def test_sighup_with_the_config_unchanged_starts_a_failed_model_again(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     h.sup("embed").govern(replace(h.sup("embed").machine.policy, max_restarts=0), 3600, 2)
-    h.child("embed").exit(-9)
+    h.child("embed").exit(-9)  # a crash of the ready child: restarted after its backoff, never FAILED
+    await until(lambda: h.sup("embed").state is State.BACKOFF, "embed BACKOFF")
+    h.os.spawn_error = OSError(errno.ENOENT, "No such file or directory")  # and then it cannot start
+    h.os.t += 60.0  # the fake clock passes the backoff (at most backoff_max_s)
+    h.sup("embed").post(Tick())
     await until(lambda: h.sup("embed").state is State.FAILED, "embed FAILED")
+    h.os.spawn_error = None  # the cause went away outside the config
     assert not h.daemon.models.snapshot().ready and "SIGHUP" in str(h.sup("embed").status()["recovery"])
     with caplog.at_level(logging.WARNING, logger="llamagate.daemon"):
         await h.daemon.reload()

@@ -1,4 +1,4 @@
-"""Backoff delays come from tenacity's full-jitter exponential; the failure window gives up in time."""
+"""Backoff delays are full-jitter exponential and capped; the failure window gives up in time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from supervisor.config.schema import SupervisionConfig
 
 def test_backoff_is_bounded_and_grows() -> None:
     delay = jittered_backoff(1.0, 30.0)
-    for attempt, bound in [(1, 1.0), (2, 2.0), (3, 4.0), (5, 16.0), (6, 30.0), (20, 30.0)]:
+    # 10,000: a ready child's crash counter never stops growing; its delay must stay capped (and must not
+    # overflow a float on the way: 2**9999 does).
+    for attempt, bound in [(1, 1.0), (2, 2.0), (3, 4.0), (5, 16.0), (6, 30.0), (20, 30.0), (10_000, 30.0)]:
         samples = [delay(attempt) for _ in range(300)]
         assert all(0.0 <= s <= bound for s in samples), attempt
         # Full jitter: the samples spread over the window rather than sitting at the bound.
