@@ -32,6 +32,7 @@ from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.inflight import InFlight
 from proxy.admission.pipeline import Pipeline, Step
+from proxy.admission.poison import Poison
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
@@ -95,6 +96,8 @@ class ProxyState:
             SharedBudgets(self.cluster, settings.timeouts.total_s) if self.cluster is not None else None
         )
         self.router = ModelRouter(models, settings.tenants)
+        # Poison requests' strikes and cool-downs (``proxy.admission.poison``): kept across reloads.
+        self.poison = Poison(settings.poison)
         # OpenTelemetry's exporters (``proxy.telemetry``); None: off. Not reloadable: made once.
         self.telemetry = start_telemetry(settings.telemetry)
         self._apply(settings)
@@ -135,6 +138,7 @@ class ProxyState:
     def reload(self, settings: ProxySettings) -> None:
         """Swap keys, tenants, limits and timeouts in. The listener address is not reloadable."""
         self._apply(settings)
+        self.poison.configure(settings.poison)
         self.upstream.timeouts = settings.timeouts
         self.count_rate.configure(settings.count_rate_per_s, settings.count_burst)
         self.router.reload(settings.tenants)

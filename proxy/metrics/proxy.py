@@ -250,6 +250,20 @@ class ProxyMetrics:
             ["model", "reason"],
             registry=registry,
         )
+        self.poison = Counter(
+            "llamagate_poison_requests",
+            "Requests in flight at two deaths of their model's child, not sent again (proxy.poison), by"
+            " model, tenant and key id",
+            ["model", "tenant", "key"],
+            registry=registry,
+        )
+        self.poison_refusals = Counter(
+            "llamagate_poison_refusals",
+            "Requests refused because their key cools down after poison requests (key_cooling_down) or their"
+            " body killed two children already (poison_body), by tenant, key id and reason",
+            ["tenant", "key", "reason"],
+            registry=registry,
+        )
         self.cancelled = Counter(
             "llamagate_cancelled_requests",
             "Requests an operator cancelled (DELETE /admin/requests/{id}), by model and the state they were"
@@ -308,6 +322,12 @@ class ProxyMetrics:
 
     def observe_replay(self, model: str, reason: str) -> None:
         self._child(self.replays, model, reason).inc()
+
+    def observe_poison(self, model: str, tenant: str, key: str) -> None:
+        self._child(self.poison, model, tenant, key).inc()
+
+    def observe_poison_refusal(self, tenant: str, key: str, reason: str) -> None:
+        self._child(self.poison_refusals, tenant, key, reason).inc()
 
     def observe_cancel(self, model: str, state: str) -> None:
         self._child(self.cancelled, model, state).inc()

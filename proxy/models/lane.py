@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from proxy.admission.gate import Admission
 from proxy.admission.idle import IdleWaiters
+from proxy.admission.poison import Quarantine
 from proxy.errors import NotReady
 from proxy.settings import TenantSettings
 from proxy.source import AnnouncesChanges, UpstreamSnapshot, UpstreamSource
@@ -66,6 +67,8 @@ class Lane:
     def __init__(self, entry: ModelEntry, tenants: Iterable[TenantSettings]) -> None:
         self.entry = entry
         self.admission = Admission(tenants, capacity=0)
+        # After a death of its child, the replays go one at a time (``proxy.admission.poison``).
+        self.quarantine = Quarantine()
         self.last_used = time.monotonic()
         self._active = 0
         self._idle = IdleWaiters()

@@ -39,9 +39,11 @@ hold of the grant.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Awaitable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -50,6 +52,7 @@ from proxy.admission.asks import Asked, asked
 from proxy.admission.gate import Permit
 from proxy.admission.inflight import Tracked
 from proxy.admission.pipeline import Ask, Grant
+from proxy.admission.poison import PoisonRequest, Turn
 from proxy.admission.settle import SlotsSettled
 from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
@@ -60,8 +63,11 @@ from proxy.errors import (
     BadRequest,
     ContextTooLarge,
     NotFound,
+    NotReady,
     ProxyError,
+    Rejected,
     UpstreamFailure,
+    UpstreamGone,
     UpstreamTimeout,
 )
 from proxy.models.lane import Lane
@@ -78,6 +84,9 @@ from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
 from proxy.telemetry.request import genai_for, read_params
 from proxy.upstream.connection import UpstreamClosed
+
+_log = logging.getLogger("llamagate.proxy")
+_T = TypeVar("_T")
 
 
 class _Plan:
@@ -105,6 +114,7 @@ class _Request:
         "plan",
         "raw",
         "receive",
+        "received",
         "rewritten",
         "send",
         "tenant",
@@ -124,6 +134,7 @@ class _Request:
         self.lane: Lane
         self.raw: bytes
         self.rewritten = False  # the schema's check changed the body (``Inference._checked``)
+        self.received = b""  # the body as the client sent it (a poison body is refused by its digest)
         self.plan: _Plan
         self.account: Account | NoAccount
         self.watch: ClientWatch
@@ -186,6 +197,7 @@ class Inference:
         lane.touch()
         if snap is None:
             self._servable(lane, lane.snapshot())
+        req.received = raw
         req.rewritten = self._checked(req, snap or lane.snapshot(), payload)
         lane.track_active(1)  # the lane is busy from here: an idle unload must not pick it
         try:
@@ -200,7 +212,13 @@ class Inference:
         """The request schema (``proxy.schema``), before anything else is done for the body: a field of
         the wrong type, out of range or undeclared is a 400 naming it; the tenant's bounds rewrite the
         rest. True when the body changed."""
-        settings = self.state.settings
+        state = self.state
+        settings = state.settings
+        try:
+            state.poison.check(req.who.key_id, req.received)
+        except Rejected as refused:
+            state.metrics.observe_poison_refusal(req.tenant.name, req.who.key_id, refused.reason)
+            raise
         admin = "admin" in req.who.scopes
         bounds = Context(req.tenant, admin, snap.slots, snap.n_vocab)
         unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
@@ -291,48 +309,114 @@ class Inference:
     # --- forward; once more on the next child (``proxy.routes.replay``) ----------------------------------
     async def _attempts(self, req: _Request, grant: Grant) -> None:
         """Forward the admitted request; when its child dies before any byte of the answer reached the
-        client, wait for the next READY child and do it once more, at the head of the tenant's queue
-        and within the deadlines of the first admission."""
+        client, wait for the next READY child and do it once more, at the head of the tenant's queue,
+        within the deadlines of the first admission, and alone with that child until it ends
+        (``proxy.admission.poison``: a death then makes the request poison, never sent again)."""
         ctx, lane = req.ctx, req.lane
+        quarantine = lane.quarantine
         deadlines = _Deadlines(self.state.settings.timeouts, ctx.started)
         permit = grant.permit
         assert permit is not None
         if ctx.genai is not None:
             ctx.genai.admitted_at = time.monotonic()
-        while True:
-            exchange = Exchange()
-            snap: UpstreamSnapshot | None = None
-            replay: tuple[UpstreamFailure, str] | None = None
-            try:
-                # The child may have restarted while we queued: never mix its old address and new secret.
-                snap = lane.ready_snapshot()
-                relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, req.account.tap(self.fmt))
-                req.account.relay = relay  # charged at the end: the last attempt's usage
-                req.entry.running(relay)
-                pin = permit.pin
-                raw = (
-                    req.raw
-                    if pin is None or pin.slot is None
-                    else body.with_field(req.raw, "id_slot", pin.slot)
-                )
-                await self._forward(snap, req, raw, relay, deadlines)
-                return
-            except UpstreamFailure as exc:
-                reason = replay_reason(exc, ctx) if self.spec.replayable else None
-                if reason is None:
-                    raise
-                replay = (exc, reason)
-            finally:
-                self._release(req, permit, exchange, snap, child_gone=replay is not None)
-            assert snap is not None  # a failure of the child needs a child
-            waited = time.monotonic()
-            until = min(deadlines.first_at, deadlines.total_at) if req.plan.stream else deadlines.total_at
-            req.entry.queued()
-            if ctx.genai is not None:
-                ctx.genai.replays.append((replay[1], time.monotonic()))
-            await Replay(self.state, lane, ctx).next_child(snap, *replay, until)
-            ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
-            permit = await self.state.admission.retake_slot(grant)
+        # A replay's state: announced to the quarantine (``announced``), then its turn alone with the child.
+        announced = False
+        turn: Turn | None = None
+        try:
+            while True:
+                if not announced and quarantine.active:
+                    # Replays are being tried alone with the child: give the slot back meanwhile.
+                    permit.release()
+                    await self._until(quarantine.cleared(), deadlines, req, "a crash's replays")
+                    permit = await self.state.admission.retake_slot(grant)
+                    continue
+                exchange = Exchange()
+                snap: UpstreamSnapshot | None = None
+                replay: tuple[UpstreamFailure, str] | None = None
+                try:
+                    # The child may have restarted while we queued: never mix its old address and new secret.
+                    snap = lane.ready_snapshot()
+                    relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, req.account.tap(self.fmt))
+                    req.account.relay = relay  # charged at the end: the last attempt's usage
+                    req.entry.running(relay)
+                    pin = permit.pin
+                    raw = (
+                        req.raw
+                        if pin is None or pin.slot is None
+                        else body.with_field(req.raw, "id_slot", pin.slot)
+                    )
+                    await self._forward(snap, req, raw, relay, deadlines)
+                    return
+                except UpstreamFailure as exc:
+                    if turn is not None:
+                        await self._judge(req, exc, snap)
+                        raise
+                    reason = replay_reason(exc, ctx) if self.spec.replayable else None
+                    if reason is None:
+                        raise
+                    replay = (exc, reason)
+                finally:
+                    self._release(req, permit, exchange, snap, child_gone=replay is not None)
+                    if turn is not None:
+                        turn.passed()
+                assert snap is not None  # a failure of the child needs a child
+                waited = time.monotonic()
+                req.entry.queued()
+                if ctx.genai is not None:
+                    ctx.genai.replays.append((replay[1], time.monotonic()))
+                replayer = Replay(self.state, lane, ctx)
+                await replayer.next_child(snap, *replay, self._deadline(req, deadlines))
+                quarantine.enter()
+                announced = True
+                permit = await self.state.admission.retake_slot(grant)
+                turn = await self._until(quarantine.take_turn(), deadlines, req, "its turn after a crash")
+                await replayer.serving(self._deadline(req, deadlines))  # the child may have died meanwhile
+                ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
+        finally:
+            if announced and turn is None:
+                quarantine.leave()  # announced, never sent: the requests behind it must not wait for it
+
+    def _deadline(self, req: _Request, deadlines: _Deadlines) -> float:
+        """The loop-clock deadline of a wait before the request's (next) attempt."""
+        if req.plan.stream:
+            return min(deadlines.first_at, deadlines.total_at)
+        return deadlines.total_at
+
+    async def _until(self, waiting: Awaitable[_T], deadlines: _Deadlines, req: _Request, what: str) -> _T:
+        try:
+            async with asyncio.timeout_at(self._deadline(req, deadlines)):
+                return await waiting
+        except TimeoutError:
+            raise NotReady(
+                f"the model '{req.lane.name}' is being checked after its llama-server died; waiting for "
+                f"{what} ran out of the request's time",
+                1.0,
+            ) from None
+
+    async def _judge(self, req: _Request, exc: UpstreamFailure, snap: UpstreamSnapshot | None) -> None:
+        """A replay failed. If its child died, with nothing of the answer out, the request is poison: it
+        was in flight at two deaths, the second time alone with the child (``proxy.admission.poison``)."""
+        ctx = req.ctx
+        if not isinstance(exc, UpstreamGone) or ctx.response_started or snap is None:
+            return
+        if not await Replay(self.state, req.lane, ctx).died(snap):
+            return
+        state = self.state
+        cooling = state.poison.strike(req.who.key_id, req.received)
+        state.metrics.observe_poison(req.lane.name, req.tenant.name, req.who.key_id)
+        _log.warning(
+            "a request was in flight at two deaths of its model's llama-server: not sent again",
+            extra={
+                "fields": {
+                    "request_id": ctx.request_id,
+                    "model": req.lane.name,
+                    "tenant": req.tenant.name,
+                    "key_id": req.who.key_id,
+                    "key_cools_down": cooling,
+                }
+            },
+        )
+        raise PoisonRequest() from exc
 
     def _release(
         self,

@@ -21,10 +21,12 @@ was already gone; reason ``refused``). Then:
    daemon drains; then, or when no child came in time, the request gets what one arriving then gets:
    ``503`` with the supervisor's ``Retry-After`` (none when FAILED). A model no longer served (a reload
    removed it) ends the wait with the request's own failure (``502``).
-3. **Once more, once.** It takes its place back at the head of its tenant's queue
+3. **Once more, once, alone.** It takes its place back at the head of its tenant's queue
    (``Admission.acquire(front=True)``, the tenant's ``queue_timeout_s`` as for any wait there) and runs on
-   the new child. A second failure ends it as a first one does today: there is no second replay (a
-   prompt that kills its child would otherwise take down every child in turn).
+   the new child, alone with it until the child answered its head (``proxy.admission.poison``: the
+   replays after a death go one at a time, and nothing else is sent meanwhile). There is no second
+   replay: a replay whose child dies makes the request poison (502 ``poison_request``, its key strikes
+   toward a cool-down), so a prompt that kills its child cannot take down every child in turn.
 
 Counted where it happens: ``llamagate_replays_total{model,reason}`` and ``RequestContext.next_attempt``
 (``replayed=1`` in the access log; the record, and the usage charged from it, is the final attempt's).
@@ -82,7 +84,17 @@ class Replay:
         failed is alive or the model is no longer served (no replay), ``NotReady`` (503, from the
         snapshot as a request arriving then gets it) when no child came before ``deadline`` (the loop's
         clock) or none will."""
-        lane, loop = self._lane, asyncio.get_running_loop()
+        if not await self.died(failed, deadline) or not self._served():
+            raise error
+        self._state.metrics.observe_replay(self._lane.name, reason)
+        self._ctx.next_attempt()
+        await self.serving(deadline, error)
+
+    async def died(self, failed: UpstreamSnapshot, deadline: float | None = None) -> bool:
+        """The child that served ``failed`` is gone (within ``DEATH_GRACE_S``): not READY any more, or
+        another child. False for a live child that hung up on its own."""
+        loop = asyncio.get_running_loop()
+        grace = loop.time() + DEATH_GRACE_S
 
         def gone(s: UpstreamSnapshot) -> bool:
             return (
@@ -91,15 +103,16 @@ class Replay:
                 or (s.base_url, s.secret) != (failed.base_url, failed.secret)
             )
 
-        seen = await lane.watch(gone, min(deadline, loop.time() + DEATH_GRACE_S))
-        if not gone(seen) or not self._served():
-            raise error
-        self._state.metrics.observe_replay(lane.name, reason)
-        self._ctx.next_attempt()
-        await lane.watch(lambda s: _serving(s) or self._hopeless(s), deadline)
+        seen = await self._lane.watch(gone, grace if deadline is None else min(deadline, grace))
+        return gone(seen)
+
+    async def serving(self, deadline: float, error: UpstreamFailure | None = None) -> None:
+        """Return once a READY child serves the model; ``NotReady`` (503) when none came before
+        ``deadline`` or none will; ``error`` (or 502) when the model is no longer served."""
+        await self._lane.watch(lambda s: _serving(s) or self._hopeless(s), deadline)
         if not self._served():
-            raise error
-        lane.ready_snapshot()  # the 503 of a request arriving now when the model is still not READY
+            raise error or UpstreamFailure(f"the model '{self._lane.name}' is no longer served")
+        self._lane.ready_snapshot()  # the 503 of a request arriving now when the model is still not READY
 
     def _served(self) -> bool:
         return self._state.router.lanes.get(self._lane.name) is self._lane

@@ -175,7 +175,8 @@ async def test_a_second_death_is_not_replayed_again(proxy_factory: ProxyFactory)
             r = await asyncio.wait_for(task, DEADLINE_S)
             assert second.deaths == 1
         assert r.status_code == 502, r.text
-        assert r.json()["error"]["code"] == "upstream_error"
+        # Alone with the second child when it died: poison, never sent again (proxy.admission.poison).
+        assert r.json()["error"]["code"] == "poison_request"
         async with next_child(p, generation=3) as third:
             await eventually(lambda: p.state.active == 0, DEADLINE_S)
             assert third.requests == 0
