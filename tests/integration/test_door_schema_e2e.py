@@ -128,7 +128,7 @@ def test_a_bad_field_is_refused_before_admission_naming_its_path(daemon_factory:
             assert f"'{path}'" in error["message"], (route, error)
         anthropic_refusals = (
             ("/v1/messages", {"model": MODEL, "max_tokens": "x", "messages": MESSAGES}, "max_tokens"),
-            ("/v1/messages", {"model": MODEL, "max_tokens": -1, "messages": MESSAGES}, "max_tokens"),
+            ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": MESSAGES, "top_k": "x"}, "top_k"),
             ("/v1/messages/count_tokens", {"model": MODEL, "messages": MESSAGES, "system": 5}, "system"),
         )
         for route, body, path in anthropic_refusals:
