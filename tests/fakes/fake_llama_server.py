@@ -15,6 +15,10 @@ LLAMA_API_KEY bearer secret. Switches make it misbehave:
   --crash-file PATH             crash after ready only while PATH exists (a crash loop a test can end)
   --ignore-sigterm              ignore SIGTERM (only SIGKILL ends it)
   --wrong-ctx                   report a different n_ctx than asked (the readiness gate must refuse)
+  --abort-on MARKER             abort (SIGABRT, like a failed GGML_ASSERT) on a POST whose body holds MARKER
+  --answer-seconds S            take S seconds to answer a completion (a request stays in flight that long)
+  --request-log PATH            append one JSON line per POST received: pid, path, whether MARKER was in it
+                                and the body's first 2000 characters (written before any abort)
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -66,6 +71,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--crash-file")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--wrong-ctx", action="store_true")
+    p.add_argument("--abort-on")
+    p.add_argument("--request-log")
+    p.add_argument("--answer-seconds", type=float, default=0.0)
     return p.parse_args()
 
 
@@ -117,10 +125,20 @@ class Handler(BaseHTTPRequestHandler):
         if State.hang.is_set():
             time.sleep(3600)
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        body = self.rfile.read(length).decode("utf-8", "replace")
         if not self.gate():
             return
+        marker = State.args.abort_on
+        poisoned = marker is not None and marker in body
+        if State.args.request_log:
+            record_request(State.args.request_log, self.path, body, poisoned)
+        if poisoned:
+            log("GGML_ASSERT failed (fake): aborting on the marked request")
+            # No core file: the test's folder is not the place for one.
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            os.abort()
         if self.path in ("/v1/completions", "/completions"):
+            time.sleep(State.args.answer_seconds)
             self.reply(
                 200,
                 {
@@ -130,6 +148,15 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self.reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+
+def record_request(path: str, route: str, body: str, poisoned: bool) -> None:
+    line = json.dumps({"pid": os.getpid(), "path": route, "marked": poisoned, "body": body[:2000]})
+    # One write of one line in append mode: concurrent handlers' lines do not interleave.
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def main() -> None:
