@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from proxy.accounts.service import Accounts
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.errors import MethodNotAllowed, NotFound
 from proxy.metrics.picker import PickerGauges
@@ -55,7 +55,7 @@ log = logging.getLogger("llamagate.proxy")
 _PROBES = frozenset({"/healthz", "/readyz", "/health", "/v1/health"})
 # The rows that take slot permits: what ``/admin/load``'s ``answered`` counts (the page's own polls
 # and a monitor's probes are not traffic).
-_GENERATION = frozenset(spec.path for spec in ROUTES if spec.admission)
+_GENERATION = frozenset(spec.path for spec in ROUTES if spec.takes_slots)
 
 
 # A row's methods, its endpoint and its path as written (the request's label).
@@ -140,15 +140,13 @@ def create_app(
     if accounts is not None:
         registry.register(LedgerCollector(accounts.stats))
 
-    def gates() -> dict[str, Admission]:
-        return {name: lane.admission for name, lane in state.router.lanes.items()}
+    def gates() -> dict[str, SlotGate]:
+        return {name: lane.gate for name, lane in state.router.lanes.items()}
 
     registry.register(AdmissionCollector(gates))
 
-    def lanes() -> dict[str, tuple[Admission, Callable[[], UpstreamSnapshot]]]:
-        return {
-            name: (lane.admission, lane.entry.source.snapshot) for name, lane in state.router.lanes.items()
-        }
+    def lanes() -> dict[str, tuple[SlotGate, Callable[[], UpstreamSnapshot]]]:
+        return {name: (lane.gate, lane.entry.source.snapshot) for name, lane in state.router.lanes.items()}
 
     picker = PickerGauges(lanes, state.upstream)
     registry.register(picker)

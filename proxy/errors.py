@@ -170,7 +170,7 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 class Rejected(ProxyError):
-    """Admission said no: the tenant's queue is full or the wait hit its deadline."""
+    """SlotGate said no: the tenant's queue is full or the wait hit its deadline."""
 
     status = 429
     type = "rate_limit_error"

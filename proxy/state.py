@@ -31,7 +31,7 @@ from proxy.admission.budgets import BudgetStep
 from proxy.admission.count_rate import CountRate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.inflight import InFlight
-from proxy.admission.pipeline import Pipeline, Step
+from proxy.admission.pipeline import Pipeline, PromptCheck, Slots, Step
 from proxy.admission.poison import Poison
 from proxy.admission.totals import TenantTotals
 from proxy.asgi.context import RequestContext
@@ -110,24 +110,26 @@ class ProxyState:
         self.settings = settings
         self.keys = KeyTable(settings.keys, settings.anonymous_tenant)
         self.tenants: dict[str, TenantSettings] = {t.name: t for t in settings.tenants}
-        self.admission = self._pipeline()
+        self.pipeline = self._pipeline()
 
     def _pipeline(self) -> Pipeline:
-        """The admission pipeline's steps before the model's slots, in order (``proxy.admission.pipeline``):
-        cheapest refusal first, the shared ones only with ``cluster.redis_url``."""
-        budgets: list[Step] = []
+        """The admission pipeline's steps, in order (``proxy.admission.pipeline``): cheapest refusal first,
+        nothing that holds a slot while it waits for something else, the shared ones only with
+        ``cluster.redis_url``, the model's slots last."""
+        steps: list[Step] = []
         if self.budgets is not None:
-            budgets.append(BudgetStep(self.budgets))
+            steps.append(BudgetStep(self.budgets))
         if self.shared_budgets is not None:
-            budgets.append(SharedBudgetStep(self.shared_budgets))
-        limits: list[Step] = [self.totals]
+            steps.append(SharedBudgetStep(self.shared_budgets))
+        steps += [PromptCheck(), self.totals]
         if self.cluster is not None:
-            limits.append(LeaseStep(self.cluster, self._estimate_wait))
-        return Pipeline(budgets, limits)
+            steps.append(LeaseStep(self.cluster, self._estimate_wait))
+        steps.append(Slots())
+        return Pipeline(steps)
 
     def _estimate_wait(self, model: str, tenant: str) -> float:
         lane = self.router.lanes.get(model)
-        return lane.admission.estimate_wait(tenant) if lane is not None else 1.0
+        return lane.gate.estimate_wait(tenant) if lane is not None else 1.0
 
     @property
     def budgeted(self) -> bool:
@@ -146,16 +148,16 @@ class ProxyState:
     @property
     def in_flight(self) -> int:
         """Requests holding slot permits, every model together."""
-        return sum(lane.admission.in_flight for lane in self.router.lanes.values())
+        return sum(lane.gate.in_flight for lane in self.router.lanes.values())
 
     @property
     def queued(self) -> int:
-        return sum(lane.admission.queued for lane in self.router.lanes.values())
+        return sum(lane.gate.queued for lane in self.router.lanes.values())
 
     @property
     def lingering(self) -> int:
-        """Slots still busy in a child after an abandoned request (see ``Admission``)."""
-        return sum(lane.admission.lingering for lane in self.router.lanes.values())
+        """Slots still busy in a child after an abandoned request (see ``SlotGate``)."""
+        return sum(lane.gate.lingering for lane in self.router.lanes.values())
 
     @property
     def active(self) -> int:
@@ -164,7 +166,7 @@ class ProxyState:
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is being handled; True if that happened within ``timeout_s``.
-        Admission of new work is stopped by the snapshot (``ready=False``), not here."""
+        SlotGate of new work is stopped by the snapshot (``ready=False``), not here."""
         self.draining = True
         if self._active == 0:
             return True

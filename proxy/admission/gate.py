@@ -1,4 +1,4 @@
-"""Admission control: the concurrency budget in front of llama-server's slots.
+"""SlotGate control: the concurrency budget in front of llama-server's slots.
 
 Two limits hold at every instant: at most ``capacity`` slots in total (the child's slot count, so the
 child never queues behind our back) and at most ``max_concurrency`` slots per tenant. A request that
@@ -94,7 +94,7 @@ class Permit:
 
     def __init__(
         self,
-        ctl: Admission,
+        ctl: SlotGate,
         tenant: _Tenant,
         granted_at: float,
         queue_wait_s: float,
@@ -179,7 +179,7 @@ class PriorityLoad:
     queued: int
 
 
-class Admission:
+class SlotGate:
     def __init__(
         self,
         tenants: Iterable[TenantSettings],
@@ -272,6 +272,24 @@ class Admission:
 
     # --- the request path --------------------------------------------------------------------------------
     async def acquire(
+        self,
+        tenant: str,
+        slots: int = 1,
+        *,
+        priority: int | None = None,
+        max_wait_s: float | None = None,
+        front: bool = False,
+        conversation: str | None = None,
+        placeable: bool = False,
+    ) -> Permit:
+        """``_acquire``'s permit, given its slot (``proxy.conversations.slots``): the one that holds
+        ``conversation`` when that one is free, chosen among the slots free when the gate granted (a
+        ``placeable`` task only: one the child runs with ``id_slot``). The gate owns its slot map."""
+        permit = await self._acquire(tenant, slots, priority=priority, max_wait_s=max_wait_s, front=front)
+        permit.pin = self.slot_map.take(conversation, permit.slots, placeable)
+        return permit
+
+    async def _acquire(
         self,
         tenant: str,
         slots: int = 1,

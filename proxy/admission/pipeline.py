@@ -1,31 +1,33 @@
 """One admission pipeline: every limit a generation request passes, behind one interface.
 
-A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, and what it
-has waited so far) and handed to each limit in turn. Each limit is a ``Step``: ``take(ask, grant)``
-returns a ``Hold`` or raises the refusal (429 or 503) that names the limit; a step that waits (a queue, a
-lease) waits at most what the request has left of its wait. Every hold is closed exactly once:
-``close(spent)`` charges what the request used (``Spent``: its tokens), ``close(None)`` gives the hold
-back. A hold that does not count tokens (a slot, a lease, a tenant's total) treats both the same.
+A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, what it has
+waited so far, and its own prompt check) and handed to each step in turn. Each step is a ``Step``:
+``take(ask, grant)`` returns a ``Hold`` or raises the refusal (400, 429 or 503) that names the limit; a
+step that waits (a queue, a lease) waits at most what the request has left of its wait. Every hold is
+closed exactly once: ``close(spent)`` charges what the request used (``Spent``: its tokens),
+``close(None)`` gives the hold back. A hold that does not count tokens (a slot, a lease, a tenant's total)
+treats both the same.
 
-The steps, in the order a request meets them (cheapest refusal first, and nothing that holds a slot
-while it waits for something else):
+The steps, one ordered list built by the door's state (``proxy.state``; again on reload), in the order a
+request meets them (cheapest refusal first, and nothing that holds a slot while it waits for something
+else):
 
 1. the budgets kept by this replica (``proxy.admission.budgets``: a store's, or in memory without one);
 2. with ``cluster.redis_url``, the same budgets as every replica counts them together in Redis
-   (``proxy.cluster.steps``); then the request's own check against its child, when its tenant asks
-   for one (the prompt's size: a 400 before any wait);
-3. the tenant's total across models (``proxy.admission.totals``);
-4. the tenant's concurrency: as leases in Redis with ``cluster.redis_url`` (``proxy.cluster.steps``);
-5. the slots of the model's child: its lane's gate (``proxy.admission.gate``), given by the endpoint
-   with the request (the only step that depends on the model the body names). With its permit the
-   request is given its slot (``proxy.conversations.slots``): the one that holds its conversation
-   when that one is free, chosen among the slots free when the gate granted, never by waiting.
+   (``proxy.cluster.steps``);
+3. the request's own check against its child, when its tenant asks for one (``PromptCheck``: the
+   prompt's size, a 400 before any wait);
+4. the tenant's total across models (``proxy.admission.totals``);
+5. the tenant's concurrency as leases in Redis, with ``cluster.redis_url`` (``proxy.cluster.steps``);
+6. the slots of the model's child (``Slots``): its lane's gate (``proxy.admission.gate.SlotGate``), given
+   by the endpoint with the request (the only step that depends on the model the body names). The gate
+   gives the permit its slot (``proxy.conversations.slots``): the one that holds the request's
+   conversation when that one is free, chosen among the slots free when the gate granted.
 
-The pipeline is built from the settings by the door's state (``proxy.state``: again on reload), with the
-Redis steps present only when configured; the request path never asks "cluster or not". The endpoint
-enters it once (``async with pipeline.admit(ask, ctx, gate) as grant``); a request run again on the next
-child (a replay) gives its slot back and takes one again (``Pipeline.retake_slot``): it keeps every
-other hold, so it is neither charged nor counted twice.
+The Redis steps are present only when configured; the request path never asks "cluster or not". The
+endpoint enters the pipeline once (``async with pipeline.admit(ask, ctx, gate) as grant``); a request
+run again on the next child (a replay) gives its slot back and takes one again (``Pipeline.retake_slot``):
+it keeps every other hold, so it is neither charged nor counted twice.
 
 What the steps tell the answer goes through the grant: the rate-limit headers of the budgets (the
 cluster-wide figures where there are any, since the Redis step comes after this replica's) and the time
@@ -42,7 +44,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.admission.gate import Admission, Permit
+from proxy.admission.gate import Permit, SlotGate
 from proxy.asgi.context import RequestContext
 from proxy.settings import BudgetSettings, TenantSettings
 
@@ -96,6 +98,8 @@ class Ask:
     # (a generation the child runs with ``id_slot``; ``proxy.conversations.slots``).
     conversation: str | None = None
     placeable: bool = False
+    # The request's own check against its child (``PromptCheck``); None: none asked for.
+    check: Check | None = None
 
     @property
     def level(self) -> int:
@@ -121,7 +125,7 @@ class Grant:
 
     ask: Ask
     ctx: RequestContext
-    gate: Admission
+    gate: SlotGate
     holds: list[Hold] = field(default_factory=list)
     permit: Permit | None = None
     # Rate-limit headers for every answer to the request (``RequestContext.extra_headers``).
@@ -145,60 +149,96 @@ class Grant:
         self.spent = Spent(tokens, time.time())
 
 
-class Pipeline:
-    """``budgets``: the steps that charge (no wait: a spent budget is a 429 before anything else);
-    ``limits``: the steps that count the request while it runs (and may wait); then the model's slots."""
+class PromptCheck:
+    """The request's own check against its child (``Ask.check``: the prompt's size, when its tenant asks
+    for one), a 400 before any wait; it holds nothing."""
 
-    def __init__(self, budgets: Sequence[Step], limits: Sequence[Step]) -> None:
-        self.budgets = tuple(budgets)
-        self.limits = tuple(limits)
+    async def take(self, ask: Ask, grant: Grant) -> Hold:
+        if ask.check is not None:
+            await ask.check()
+        return _NOTHING
+
+
+class Slots:
+    """The last step: slots of the model's child, from the lane's gate the request came with
+    (``Grant.gate``, the only step that depends on the model the body names), with its slot placed by the
+    gate (``proxy.conversations.slots``). Its hold is the permit."""
+
+    async def take(self, ask: Ask, grant: Grant) -> Hold:
+        # Nothing waited yet: the gate applies the request's own wait and names it in a refusal; after a
+        # lease's wait, what is left of it.
+        max_wait_s = ask.max_wait_s if ask.waited_s == 0 else ask.wait_left_s
+        permit = await grant.gate.acquire(
+            ask.tenant.name,
+            ask.slots,
+            priority=ask.priority,
+            max_wait_s=max_wait_s,
+            front=ask.front,
+            conversation=ask.conversation,
+            placeable=ask.placeable,
+        )
+        grant.permit = permit
+        grant.waited(permit.queue_wait_s)
+        return _PermitHold(grant)
+
+
+class _PermitHold:
+    """The permit the grant holds now (a replay takes another one): released at once when the request
+    ends, unless the request released it itself (with its linger)."""
+
+    __slots__ = ("_grant",)
+
+    def __init__(self, grant: Grant) -> None:
+        self._grant = grant
+
+    def close(self, spent: Spent | None) -> None:
+        if self._grant.permit is not None:
+            self._grant.permit.release()
+
+
+class _Nothing:
+    def close(self, spent: Spent | None) -> None:
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+class Pipeline:
+    """The steps in the order a request meets them (``proxy.state`` builds the list): the budgets (no
+    wait: a spent budget is a 429 before anything else), the request's prompt check, the limits that
+    count the request while it runs (and may wait), and last the model's slots (``Slots``)."""
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        if not steps or not isinstance(steps[-1], Slots):
+            raise ValueError("the pipeline's last step is the model's slots")
+        self.steps = tuple(steps)
+        self._slots = steps[-1]
 
     @asynccontextmanager
-    async def admit(
-        self, ask: Ask, ctx: RequestContext, gate: Admission, check: Check | None = None
-    ) -> AsyncIterator[Grant]:
-        """Take every step's hold, then slots of ``gate`` (the model's); give them all back (charged
+    async def admit(self, ask: Ask, ctx: RequestContext, gate: SlotGate) -> AsyncIterator[Grant]:
+        """Take every step's hold, the slots of ``gate`` (the model's) last; give them all back (charged
         with ``Grant.charge``) when the block ends, however it ends. A refusal gives back what the
-        earlier steps took. ``check``: the request's own check against its child (the prompt's size),
-        after the budgets and before any wait."""
+        earlier steps took."""
         grant = Grant(ask, ctx, gate)
         try:
-            for step in self.budgets:
+            for step in self.steps:
                 grant.holds.append(await step.take(ask, grant))
-            if check is not None:
-                await check()
-            for step in self.limits:
-                grant.holds.append(await step.take(ask, grant))
-            await _take_slots(grant)
             yield grant
         finally:
             _close(grant)
 
     async def retake_slot(self, grant: Grant) -> Permit:
         """A replay: slots again, at the head of the tenant's queue, within a wait of its own (the
-        request waited for the next child, not for a slot)."""
+        request waited for the next child, not for a slot). Every other hold is kept."""
         ask = grant.ask
         ask.front, ask.waited_s = True, 0.0
-        return await _take_slots(grant)
-
-
-async def _take_slots(grant: Grant) -> Permit:
-    ask = grant.ask
-    # Nothing waited yet: the gate applies the request's own wait and names it in a refusal; after a
-    # lease's wait, what is left of it.
-    max_wait_s = ask.max_wait_s if ask.waited_s == 0 else ask.wait_left_s
-    permit = await grant.gate.acquire(
-        ask.tenant.name, ask.slots, priority=ask.priority, max_wait_s=max_wait_s, front=ask.front
-    )
-    grant.permit = permit
-    permit.pin = grant.gate.slot_map.take(ask.conversation, permit.slots, ask.placeable)
-    grant.waited(permit.queue_wait_s)
-    return permit
+        await self._slots.take(ask, grant)  # the grant's permit hold closes whichever permit it has
+        assert grant.permit is not None
+        return grant.permit
 
 
 def _close(grant: Grant) -> None:
-    if grant.permit is not None:
-        grant.permit.release()  # at once, unless the request released it itself (with its linger)
     spent = grant.spent
     for hold in reversed(grant.holds):
         # Each hold is closed whatever another one does: a total or a lease left held would refuse the

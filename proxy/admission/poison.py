@@ -49,6 +49,15 @@ class PoisonRequest(UpstreamGone):
         )
 
 
+class PoisonRefusal(Rejected):
+    """429 for a key that cools down (``key_cooling_down``) or a body that killed two children
+    (``poison_body``): the reason is the error's code, so a client can tell it from a full queue."""
+
+    def __init__(self, reason: str, retry_after_s: float, message: str) -> None:
+        super().__init__(reason, retry_after_s, message)
+        self.code = reason
+
+
 class Poison:
     """The door's memory of poison requests: strikes and cool-downs per key, refused bodies."""
 
@@ -67,7 +76,7 @@ class Poison:
         until = self._cooling.get(key_id)
         if until is not None:
             if now < until:
-                raise Rejected(
+                raise PoisonRefusal(
                     "key_cooling_down",
                     until - now,
                     f"this key's requests were in flight at two deaths of a model's llama-server "
@@ -79,7 +88,7 @@ class Poison:
             digest = hashlib.sha256(raw).digest()
             until = self._bodies.get(digest)
             if until is not None and now < until:
-                raise Rejected(
+                raise PoisonRefusal(
                     "poison_body",
                     until - now,
                     "this request body was in flight at two deaths of a model's llama-server: it is refused "

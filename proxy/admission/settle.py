@@ -2,7 +2,7 @@
 
 When the proxy abandons a request the child is still working on (client gone, deadline), the child frees
 the slot only once it notices the closed connection: usually at its next token, but a loaded host has
-been seen to take a second. ``Admission`` keeps the slots counted for a short timed linger, then until
+been seen to take a second. ``SlotGate`` keeps the slots counted for a short timed linger, then until
 ``SlotsSettled.wait`` returns: the child's ``/slots`` shows no more busy slots than the other permits
 account for.
 """
@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.errors import UpstreamFailure
 from proxy.source import UpstreamSnapshot
 from proxy.upstream.connection import UpstreamClosed
@@ -33,7 +33,7 @@ class SlotsSettled:
     def __init__(
         self,
         snapshot: Callable[[], UpstreamSnapshot],
-        gate: Admission,
+        gate: SlotGate,
         pool: Upstream,
         snap: UpstreamSnapshot,
         slots: int,

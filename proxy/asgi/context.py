@@ -10,58 +10,42 @@ SCOPE_KEY = "llamagate.ctx"
 
 
 class GenAI:
-    """What OpenTelemetry is told of one generation request (``proxy.telemetry``), beside the context:
-    set by the endpoint only when telemetry is on. Figures and names only: never prompt or answer text."""
+    """What only OpenTelemetry needs of one generation request (``proxy.telemetry``): its GenAI operation
+    and the caller's W3C trace context, read from the request head when telemetry is on. Everything else
+    telemetry reports (admission times, replays, usage, the model as named) is the request's own record,
+    kept whether telemetry is on or not, as the access log and the Prometheus series read it."""
 
-    __slots__ = (
-        "admit_at",
-        "admitted_at",
-        "finish_reasons",
-        "first_token_s",
-        "operation",
-        "params",
-        "replays",
-        "request_model",
-        "response_id",
-        "traceparent",
-        "tracestate",
-        "usage",
-    )
+    __slots__ = ("operation", "traceparent", "tracestate")
 
     def __init__(self, operation: str, traceparent: str | None, tracestate: str | None) -> None:
         self.operation = operation  # gen_ai.operation.name
         self.traceparent = traceparent  # the caller's W3C trace context, as sent
         self.tracestate = tracestate
-        self.params: dict[str, int | float] = {}  # gen_ai.request.* figures the client set
-        # The model as the client named it (a served name or one of its aliases: a name the router
-        # resolved, so a bounded set); the context's ``model`` is the served name that answered.
-        self.request_model: str | None = None
-        self.admit_at: float | None = None  # monotonic: when admission began
-        self.admitted_at: float | None = None  # monotonic: when it ended with a slot
-        # From arrival to the first token of an answer the proxy assembled (the context's ``ttft_s`` is
-        # a stream's, as the client saw it); the spec's time to first token counts both.
-        self.first_token_s: float | None = None
-        self.replays: list[tuple[str, float]] = []  # (reason, monotonic) of each run on another child
-        self.usage: tuple[int, int, int] | None = None  # (prompt, cached, completion) as charged
-        self.response_id: str | None = None
-        self.finish_reasons: tuple[str, ...] = ()
 
 
 class RequestContext:
     """What one request became, filled in as it goes; read once at the end."""
 
     __slots__ = (
+        "admit_at",
+        "admitted_at",
         "attempt",
         "authorization",
         "client_host",
         "content_length",
         "extra_headers",
+        "finish_reasons",
+        "first_token_s",
         "genai",
         "key_id",
         "model",
         "outcome",
         "queue_wait_s",
+        "replays",
         "request_id",
+        "request_model",
+        "request_params",
+        "response_id",
         "response_started",
         "route",
         "started",
@@ -70,6 +54,7 @@ class RequestContext:
         "tokens",
         "tpot_s",
         "ttft_s",
+        "usage",
     )
 
     def __init__(self, request_id: str, started: float) -> None:
@@ -101,6 +86,21 @@ class RequestContext:
         self.attempt = 1
         # Set by a generation endpoint when OpenTelemetry is on (``GenAI``); None otherwise.
         self.genai: GenAI | None = None
+        # A generation's own record, kept always (telemetry reads it at the end, as the access log does).
+        # The model as the client named it (a name the router resolved: a bounded set); ``model`` is the
+        # served name that answered.
+        self.request_model: str | None = None
+        # gen_ai.request.* figures the client set (numbers only: ``proxy.telemetry.request``).
+        self.request_params: dict[str, int | float] = {}
+        self.admit_at: float | None = None  # monotonic: when admission began
+        self.admitted_at: float | None = None  # monotonic: when it ended with a slot
+        # From arrival to the first token of an answer the proxy assembled (``ttft_s`` is a stream's, as
+        # the client saw it); the spec's time to first token counts both.
+        self.first_token_s: float | None = None
+        self.replays: list[tuple[str, float]] = []  # (reason, monotonic) of each run on another child
+        self.usage: tuple[int, int, int] | None = None  # (prompt, cached, completion) as charged
+        self.response_id: str | None = None
+        self.finish_reasons: tuple[str, ...] = ()
 
     @property
     def replayed(self) -> bool:

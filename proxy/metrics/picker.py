@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.errors import UpstreamFailure
 from proxy.source import UpstreamSnapshot
 from proxy.upstream.connection import UpstreamClosed
@@ -86,7 +86,7 @@ def parse_slots(body: bytes) -> SlotsReading | None:
 
 
 # Each served model by name: its gate and its child's snapshot, read at every render (SIGHUP changes them).
-Lanes = Callable[[], Mapping[str, tuple[Admission, Callable[[], UpstreamSnapshot]]]]
+Lanes = Callable[[], Mapping[str, tuple[SlotGate, Callable[[], UpstreamSnapshot]]]]
 
 
 class _ChildSlots:

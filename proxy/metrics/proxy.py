@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from proxy.accounts.ledger import LedgerStats
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.cluster.limiter import MODES, ClusterLimiter
 from proxy.metrics.history import History
 
@@ -41,7 +41,7 @@ class Refreshable(Protocol):
 
 
 # Each served model's admission gate by model name, read at every scrape (models come and go on SIGHUP).
-Gates = Callable[[], Mapping[str, Admission]]
+Gates = Callable[[], Mapping[str, SlotGate]]
 
 
 class AdmissionCollector(Collector):

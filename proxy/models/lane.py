@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.poison import Quarantine
 from proxy.errors import NotReady
@@ -66,7 +66,7 @@ class ModelEntry:
 class Lane:
     def __init__(self, entry: ModelEntry, tenants: Iterable[TenantSettings]) -> None:
         self.entry = entry
-        self.admission = Admission(tenants, capacity=0)
+        self.gate = SlotGate(tenants, capacity=0)
         # After a death of its child, the replays go one at a time (``proxy.admission.poison``).
         self.quarantine = Quarantine()
         self.last_used = time.monotonic()
@@ -84,7 +84,7 @@ class Lane:
     @property
     def busy(self) -> bool:
         """Holds, awaits or is about to ask for a slot: an idle unload must not pick it."""
-        adm = self.admission
+        adm = self.gate
         return adm.in_flight > 0 or adm.queued > 0 or adm.lingering > 0 or self._active > 0
 
     @property
@@ -110,7 +110,7 @@ class Lane:
     def snapshot(self) -> UpstreamSnapshot:
         """One consistent view of the child for this request; keeps the gate equal to its slots."""
         snap = self.entry.source.snapshot()
-        gate = self.admission
+        gate = self.gate
         if snap.slots != gate.capacity or snap.generation != gate.slot_map.generation:
             gate.set_capacity(snap.slots, snap.generation)
         return snap

@@ -65,7 +65,7 @@ class ModelRouter:
         """New tenant limits for every lane's gate (SIGHUP); permits in flight keep theirs."""
         self._tenants = tuple(tenants)
         for lane in self.lanes.values():
-            lane.admission.reconfigure(self._tenants)
+            lane.gate.reconfigure(self._tenants)
 
     def only(self) -> Lane | None:
         """The lane of the one model served, known before a request's body is read; None with several
@@ -161,8 +161,8 @@ class ModelRouter:
                 "aliases": list(lane.entry.aliases),
                 "slots": snap.slots,
                 "ctx_per_slot": snap.ctx_per_slot,
-                "in_flight": lane.admission.in_flight,
-                "queued": lane.admission.queued,
+                "in_flight": lane.gate.in_flight,
+                "queued": lane.gate.queued,
                 # The load now (0..1 rising to 1.0 at READY), its step and the time left by the last
                 # load of the same file (supervisor.child.loading).
                 "progress": snap.progress,

@@ -74,7 +74,7 @@ SAMPLE_EVERY_S = 1.0
 
 
 def sample_gates(state: ProxyState) -> None:
-    gates = {name: lane.admission for name, lane in state.router.lanes.items()}
+    gates = {name: lane.gate for name, lane in state.router.lanes.items()}
     state.metrics.history.sample({name: (adm.in_flight, adm.queued) for name, adm in gates.items()})
 
 
@@ -91,7 +91,7 @@ def load_report(state: ProxyState) -> dict[str, object]:
     under ``models``."""
     lanes = state.router.lanes
     models = {name: gate_report(state, lane) for name, lane in lanes.items()}  # sizes each gate first
-    gates = [lane.admission for lane in lanes.values()]
+    gates = [lane.gate for lane in lanes.values()]
     sums: dict[str, list[int]] = {}  # tenant -> [in flight, queued] over every model
     for adm in gates:
         for load in adm.loads():
@@ -137,7 +137,7 @@ def load_report(state: ProxyState) -> dict[str, object]:
 
 def gate_report(state: ProxyState, lane: Lane) -> dict[str, object]:
     lane.snapshot()  # keeps the gate's capacity equal to the child's slots, as every request does
-    adm = lane.admission
+    adm = lane.gate
     tenants: list[dict[str, object]] = []
     for load in adm.loads():
         settings = state.tenants.get(load.name)

@@ -57,7 +57,7 @@ class Guarded:
 
 
 # What serves a row of each kind, made once per row when the app is built. Generation rows
-# (``spec.admission``) are not here: they all go through ``Inference``.
+# (``spec.takes_slots``) are not here: they all go through ``Inference``.
 Factory = Callable[[ProxyState, RouteSpec], Endpoint]
 ENDPOINTS: dict[Kind, Factory] = {
     "count": lambda state, spec: Counting(state, spec.path, schema=spec.body),
@@ -83,7 +83,7 @@ ENDPOINTS: dict[Kind, Factory] = {
 
 
 def endpoint(state: ProxyState, spec: RouteSpec) -> Endpoint:
-    if spec.admission:
+    if spec.takes_slots:
         return Inference(state, spec)
     return ENDPOINTS[spec.kind](state, spec)
 

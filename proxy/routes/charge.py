@@ -1,6 +1,6 @@
 """One generation request's account: the usage it is charged at the end, in the ledger and its budgets.
 
-Admission (``proxy.admission.pipeline``) takes the budgets' holds; this is the other half, what the
+SlotGate (``proxy.admission.pipeline``) takes the budgets' holds; this is the other half, what the
 request used. ``Inference`` opens an ``Account`` around each request (``open_account``: with neither a
 store nor budgets, ``NO_ACCOUNT``, whose every step does nothing) and uses it at two points:
 
@@ -104,12 +104,11 @@ class Account:
         else:
             used, source = await self._used(relay)
         prompt, cached, completion = used
-        if ctx.genai is not None:  # OpenTelemetry's figures: what the request is charged
-            ctx.genai.usage = used
-            answer = relay.usage.usage if relay.usage is not None and source != "undelivered" else None
-            if answer is not None:
-                ctx.genai.response_id = answer.response_id
-                ctx.genai.finish_reasons = tuple(answer.finish_reasons or ())
+        ctx.usage = used  # the request's record: what it is charged (telemetry reports it)
+        answer = relay.usage.usage if relay.usage is not None and source != "undelivered" else None
+        if answer is not None:
+            ctx.response_id = answer.response_id
+            ctx.finish_reasons = tuple(answer.finish_reasons or ())
         if self._ledger is not None:
             row = LedgerRow(
                 tenant=self._who.tenant,

@@ -7,7 +7,7 @@ lane is its own admission gate), an unloaded on_demand model is loaded (the wait
 the request's own priority and queue wait (headers, ``proxy.admission.asks``: a 400 before the body is
 read), the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
 it also says how many slots the request occupies), then admission: the request, described once
-(``proxy.admission.pipeline.Ask``), enters the door's pipeline (``state.admission``), which takes the
+(``proxy.admission.pipeline.Ask``), enters the door's pipeline (``state.pipeline``), which takes the
 budgets (a 429 before any queue or slot), runs the optional prompt-size check (a 400 before any wait),
 then the tenant's total, its leases shared with the other replicas when there are any, and last slots
 of the lane's gate; the pipeline's steps are the door's business, not this module's. Then the child.
@@ -60,7 +60,6 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key
 from proxy.errors import (
-    BadRequest,
     ContextTooLarge,
     NotFound,
     NotReady,
@@ -72,6 +71,7 @@ from proxy.errors import (
 )
 from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
+from proxy.routes.prompt_tokens import CHARGE_COUNT_S, count_prompt_tokens, estimate_prompt_tokens
 from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
 from proxy.schema import Context, check_body
@@ -83,7 +83,6 @@ from proxy.streams.assemble import Kind as AssembledKind
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
 from proxy.telemetry.request import genai_for, read_params
-from proxy.upstream.connection import UpstreamClosed
 
 _log = logging.getLogger("llamagate.proxy")
 _T = TypeVar("_T")
@@ -186,14 +185,12 @@ class Inference:
             self._servable(only, snap)
         raw = await body.read_body(receive, ctx.content_length, state.settings.max_body_bytes)
         payload = body.parse_object(raw)
-        if ctx.genai is not None:
-            read_params(ctx.genai, payload)
+        ctx.request_params = read_params(payload)
         # The only one when ``snap`` is set; a store key may be limited to some models (``who.models``).
         lane = req.lane = state.router.resolve(payload.get("model"), req.tenant, who.models)
         ctx.model = lane.name
-        if ctx.genai is not None:
-            requested = payload.get("model")
-            ctx.genai.request_model = requested if isinstance(requested, str) and requested else lane.name
+        requested = payload.get("model")
+        ctx.request_model = requested if isinstance(requested, str) and requested else lane.name
         lane.touch()
         if snap is None:
             self._servable(lane, lane.snapshot())
@@ -281,25 +278,25 @@ class Inference:
             key_budgets=req.who.budgets,
             request_id=ctx.request_id,
             conversation=conversation,
-            # An admin's own ``id_slot`` (``proxy.admission.cost``) is the child's to honour, not ours.
+            # An admin's own ``id_slot`` (``proxy.schema``) is the child's to honour, not ours.
             placeable=self.spec.generates and "id_slot" not in payload,
         )
+        if prompt_payload is not None:
 
-        async def check_prompt() -> None:
-            assert prompt_payload is not None
-            # Re-read: the child may have restarted while the body was on its way.
-            await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+            async def check_prompt() -> None:
+                # Re-read: the child may have restarted while the body was on its way.
+                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
+
+            ask.check = check_prompt
 
         async with ClientWatch(req.receive) as watch:
             req.watch = watch
             req.entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
             state.inflight.add(req.entry)
             try:
-                check = check_prompt if prompt_payload is not None else None
-                if ctx.genai is not None:
-                    ctx.genai.admit_at = time.monotonic()
+                ctx.admit_at = time.monotonic()
                 async with (
-                    state.admission.admit(ask, ctx, lane.admission, check) as grant,
+                    state.pipeline.admit(ask, ctx, lane.gate) as grant,
                     req.account.charging(grant),
                 ):
                     await self._attempts(req, grant)
@@ -317,8 +314,7 @@ class Inference:
         deadlines = _Deadlines(self.state.settings.timeouts, ctx.started)
         permit = grant.permit
         assert permit is not None
-        if ctx.genai is not None:
-            ctx.genai.admitted_at = time.monotonic()
+        ctx.admitted_at = time.monotonic()
         # A replay's state: announced to the quarantine (``announced``), then its turn alone with the child.
         announced = False
         turn: Turn | None = None
@@ -328,7 +324,7 @@ class Inference:
                     # Replays are being tried alone with the child: give the slot back meanwhile.
                     permit.release()
                     await self._until(quarantine.cleared(), deadlines, req, "a crash's replays")
-                    permit = await self.state.admission.retake_slot(grant)
+                    permit = await self.state.pipeline.retake_slot(grant)
                     continue
                 exchange = Exchange()
                 snap: UpstreamSnapshot | None = None
@@ -362,13 +358,12 @@ class Inference:
                 assert snap is not None  # a failure of the child needs a child
                 waited = time.monotonic()
                 req.entry.queued()
-                if ctx.genai is not None:
-                    ctx.genai.replays.append((replay[1], time.monotonic()))
+                ctx.replays.append((replay[1], time.monotonic()))
                 replayer = Replay(self.state, lane, ctx)
                 await replayer.next_child(snap, *replay, self._deadline(req, deadlines))
                 quarantine.enter()
                 announced = True
-                permit = await self.state.admission.retake_slot(grant)
+                permit = await self.state.pipeline.retake_slot(grant)
                 turn = await self._until(quarantine.take_turn(), deadlines, req, "its turn after a crash")
                 await replayer.serving(self._deadline(req, deadlines))  # the child may have died meanwhile
                 ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
@@ -432,7 +427,7 @@ class Inference:
         if linger_s > 0 and snap is not None:
             lane = req.lane
             settled = SlotsSettled(
-                lane.snapshot, lane.admission, self.state.upstream, snap, permit.slots, req.ctx.request_id
+                lane.snapshot, lane.gate, self.state.upstream, snap, permit.slots, req.ctx.request_id
             )
             permit.release(linger_s, settled.wait)
         else:
@@ -497,7 +492,7 @@ class Inference:
         """The prompt's tokens of a request the child never reported (``proxy.routes.charge``): counted
         by a READY child of its model within a few seconds, else estimated from the prompt's bytes."""
         try:
-            async with asyncio.timeout(_CHARGE_COUNT_S):
+            async with asyncio.timeout(CHARGE_COUNT_S):
                 counted = await count_prompt_tokens(
                     self.state, lane.ready_snapshot(), self.route, payload, ctx.request_id
                 )
@@ -514,91 +509,3 @@ class Inference:
         # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
         if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
-
-
-# How long the charge of a request cut short waits for the child to count its prompt.
-_CHARGE_COUNT_S = 5.0
-# Where a request's prompt text is, by dialect: chat messages, completions' prompt, embeddings' input,
-# Anthropic's system, Responses' instructions and input.
-_PROMPT_FIELDS = ("messages", "prompt", "input", "content", "system", "instructions", "suffix", "input_extra")
-
-
-def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
-    """A prompt's tokens without a tokenizer: a quarter of its text's UTF-8 bytes (the usual rule of thumb
-    for byte-pair tokenizers on English), at least 1."""
-    size = sum(_text_bytes(payload.get(name)) for name in _PROMPT_FIELDS)
-    return max(1, -(-size // 4))
-
-
-def _text_bytes(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, list):
-        return sum(_text_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_text_bytes(v) for v in value.values())
-    return 0
-
-
-# The child's own counter for a templated request: its chat template, not ours.
-COUNT_ROUTES = {
-    "/v1/chat/completions": "/v1/chat/completions/input_tokens",
-    "/chat/completions": "/v1/chat/completions/input_tokens",
-    "/v1/responses": "/v1/responses/input_tokens",
-    "/responses": "/v1/responses/input_tokens",
-    "/v1/messages": "/v1/messages/count_tokens",
-}
-
-
-async def count_prompt_tokens(
-    state: ProxyState, snap: UpstreamSnapshot, route: str, payload: dict[str, Any], request_id: str
-) -> int | None:
-    """Exact prompt size from the child's own tokenizer and chat template; None when it cannot be told
-    (then the child decides, as it would without the check)."""
-    counter = COUNT_ROUTES.get(route)
-    if counter is not None:
-        answer = await _ask(state, snap, counter, body.dump(payload), request_id)
-        count = answer.get("input_tokens") if answer else None
-        return count if isinstance(count, int) else None
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    prompts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
-    longest: int | None = None
-    for text in prompts:
-        if not isinstance(text, str):
-            return None
-        answer = await _ask(
-            state, snap, "/tokenize", body.dump({"content": text, "add_special": True}), request_id
-        )
-        tokens = answer.get("tokens") if answer else None
-        if not isinstance(tokens, list):
-            return None
-        longest = max(longest or 0, len(tokens))
-    return longest
-
-
-async def _ask(
-    state: ProxyState, snap: UpstreamSnapshot, path: str, raw: bytes, request_id: str
-) -> dict[str, Any]:
-    limit = state.settings.timeouts.first_token_s
-    try:
-        async with asyncio.timeout(limit):
-            response = await state.upstream.open(snap, "POST", path, raw, request_id)
-            try:
-                content = await response.read()
-            except UpstreamClosed:
-                raise UpstreamFailure(
-                    "llama-server closed the connection while counting the prompt's tokens"
-                ) from None
-            finally:
-                response.release()
-    except TimeoutError:
-        raise UpstreamTimeout(f"llama-server did not count the prompt's tokens within {limit:g} s") from None
-    if response.status != 200:
-        return {}
-    try:
-        answer = body.parse_object(content)
-    except BadRequest:
-        return {}
-    return answer

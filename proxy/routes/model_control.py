@@ -35,8 +35,8 @@ def model_row(lane: Lane) -> dict[str, object]:
         "aliases": list(lane.entry.aliases),
         # Seconds since a request last chose this model (or since it was first served).
         "idle_s": round(max(0.0, time.monotonic() - lane.last_used), 3),
-        "in_flight": lane.admission.in_flight,
-        "queued": lane.admission.queued,
+        "in_flight": lane.gate.in_flight,
+        "queued": lane.gate.queued,
         "progress": snap.progress,
         "load_step": snap.load_step,
         "load_eta_s": snap.load_eta_s,

@@ -48,7 +48,7 @@ class Readyz:
         # Each model's own state; ready only when every ``always`` model is.
         body["models"] = router.model_states()  # sizes each gate to its child's slots
         body["not_ready"] = router.not_ready()
-        body["slots_total"] = sum(lane.admission.capacity for lane in router.lanes.values())
+        body["slots_total"] = sum(lane.gate.capacity for lane in router.lanes.values())
         if ready:
             await send_json(send, 200, body)
         else:

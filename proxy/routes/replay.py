@@ -22,7 +22,7 @@ was already gone; reason ``refused``). Then:
    ``503`` with the supervisor's ``Retry-After`` (none when FAILED). A model no longer served (a reload
    removed it) ends the wait with the request's own failure (``502``).
 3. **Once more, once, alone.** It takes its place back at the head of its tenant's queue
-   (``Admission.acquire(front=True)``, the tenant's ``queue_timeout_s`` as for any wait there) and runs on
+   (``SlotGate.acquire(front=True)``, the tenant's ``queue_timeout_s`` as for any wait there) and runs on
    the new child, alone with it until the child answered its head (``proxy.admission.poison``: the
    replays after a death go one at a time, and nothing else is sent meanwhile). There is no second
    replay: a replay whose child dies makes the request poison (502 ``poison_request``, its key strikes

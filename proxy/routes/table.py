@@ -115,7 +115,7 @@ class RouteSpec:
         return "{" in self.path
 
     @property
-    def admission(self) -> bool:
+    def takes_slots(self) -> bool:
         """True when the route takes slot permits (and waits in the tenant's queue for them)."""
         return self.cost is not None
 

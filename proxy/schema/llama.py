@@ -170,8 +170,9 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
         "grammar": Field(Str(), "constrain the output to a GBNF grammar"),
         "grammar_lazy": Field(Bool(), "apply the grammar only once a trigger appears"),
         "chat_format": Field(Json(), "chat format", who="nobody", why=_INTERNAL),
+        # Not null: the chat parser reads it whenever the key is present (``body.at(...).get<string>``).
         "reasoning_format": Field(
-            Str(("none", "auto", "deepseek", "deepseek-legacy")), "where reasoning text goes"
+            Str(("none", "auto", "deepseek", "deepseek-legacy")), "where reasoning text goes", nullable=False
         ),
         "generation_prompt": Field(Str(), "text appended to the chat template's output"),
         "parse_tool_calls": Field(Bool(), "parse tool calls from the output"),

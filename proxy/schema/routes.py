@@ -70,8 +70,16 @@ PROMPT = Prompt()
 
 _ANY = Field(Json(), "accepted for the SDKs; llama-server does not read it")
 _MESSAGES = Field(Arr(Obj()), "the conversation", nullable=False)
-_TOOLS = Field(Arr(Obj()), "tools the model may call")
+# Chat's tools as ``common_chat_tools_parse_oaicompat`` reads them: any other shape is the child's 500.
+_FUNCTION = Obj({"name": Str(), "description": Str(), "parameters": Obj()}, required=("name",), nulls=False)
+_TOOLS = Field(
+    Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+    "functions the model may call ({type: function, function: {name, description, parameters}})",
+)
+# Responses and Anthropic tools have shapes of their own, converted by the child.
+_OTHER_TOOLS = Field(Arr(Obj()), "tools the model may call", nullable=False)
 _TOOL_CHOICE = Field(Either((Str(), Obj())), "auto, none, required, or one tool")
+_OTHER_CHOICE = Field(Either((Str(), Obj())), "auto, none, any, or one tool", nullable=False)
 _MODEL = Field(Str(), "the model's name or alias")
 _ID_SLOT = Field(
     Int(-1, 2**31 - 1),
@@ -165,12 +173,12 @@ RESPONSES = _fields(
     LLAMA,
     model=_MODEL,
     input=Field(Either((Str(), Arr(Obj()))), "the input: text or items", nullable=False),
-    instructions=Field(Str(), "the system prompt"),
-    max_output_tokens=Field(Int(-1), "most tokens to generate"),
-    tools=_TOOLS,
-    tool_choice=_TOOL_CHOICE,
+    instructions=Field(Str(), "the system prompt", nullable=False),
+    max_output_tokens=Field(Int(-1), "most tokens to generate", nullable=False),
+    tools=_OTHER_TOOLS,
+    tool_choice=_OTHER_CHOICE,
     parallel_tool_calls=Field(Bool(), "several tool calls in one answer"),
-    reasoning=Field(Obj(), "reasoning options"),
+    reasoning=Field(Obj(), "reasoning options", nullable=False),
     top_logprobs=Field(Int(0, logprob_limit), "candidates per token"),
     id_slot=_ID_SLOT,
     **{
@@ -226,11 +234,12 @@ MESSAGES = _fields(
     _ANTHROPIC,
     model=_MODEL,
     messages=_MESSAGES,
-    system=Field(Either((Str(), Arr(Obj()))), "the system prompt"),
-    stop_sequences=Field(Arr(Str()), "stop strings"),
-    tools=_TOOLS,
-    tool_choice=_TOOL_CHOICE,
-    thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking"),
+    max_tokens=Field(Int(-1), "most tokens to generate", nullable=False),
+    system=Field(Either((Str(), Arr(Obj()))), "the system prompt", nullable=False),
+    stop_sequences=Field(Arr(Str()), "stop strings", nullable=False),
+    tools=_OTHER_TOOLS,
+    tool_choice=_OTHER_CHOICE,
+    thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking", nullable=False),
     id_slot=_ID_SLOT,
 )
 
@@ -239,10 +248,10 @@ COUNT_TOKENS = _fields(
     _ANTHROPIC,
     model=_MODEL,
     messages=_MESSAGES,
-    system=Field(Either((Str(), Arr(Obj()))), "the system prompt"),
-    tools=_TOOLS,
-    tool_choice=_TOOL_CHOICE,
-    thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking"),
+    system=Field(Either((Str(), Arr(Obj()))), "the system prompt", nullable=False),
+    tools=_OTHER_TOOLS,
+    tool_choice=_OTHER_CHOICE,
+    thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking", nullable=False),
 )
 
 # OpenAI Embeddings and llama.cpp's /embedding(s): ``input`` (else ``content``).

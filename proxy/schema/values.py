@@ -189,6 +189,8 @@ class Obj:
 
     fields: Mapping[str, Value] | None = None
     required: tuple[str, ...] = ()
+    # A checked key holding null: "absent" (True), or refused where the child reads it without a check.
+    nulls: bool = True
 
     def check(self, value: Any, path: str, ctx: Context) -> None:
         if not isinstance(value, dict):
@@ -197,8 +199,13 @@ class Obj:
             if name not in value:
                 raise FieldError(f"{path}.{name}", "is required")
         for name, kind in (self.fields or {}).items():
-            if name in value and value[name] is not None:
-                kind.check(value[name], f"{path}.{name}", ctx)
+            if name not in value:
+                continue
+            if value[name] is None:
+                if not self.nulls:
+                    raise FieldError(f"{path}.{name}", "must not be null")
+                continue
+            kind.check(value[name], f"{path}.{name}", ctx)
 
     def describe(self) -> str:
         return "object"
@@ -280,6 +287,11 @@ class TokenList:
     def check(self, value: Any, path: str, ctx: Context) -> None:
         if not isinstance(value, list):
             raise FieldError(path, f"must be an array of token ids, not {_kind(value)}")
+        # The common case (ids only, all in range) at C speed: 4,000 ids in about 0.1 ms instead of 2 ms
+        # (tests/benchmarks/schema.py); the loop below finds and names the first bad element.
+        top = INT32[1] if ctx.n_vocab is None else ctx.n_vocab - 1
+        if value and all(type(e) is int for e in value) and min(value) >= 0 and max(value) <= top:
+            return
         for i, element in enumerate(value):
             if isinstance(element, str):
                 continue

@@ -174,8 +174,8 @@ class Relay:
         clock = time.monotonic
         try:
             while (chunk := await response.next_chunk()) is not None:
-                if meter.feed(chunk, clock()) and self.ctx.genai is not None:
-                    self.ctx.genai.first_token_s = meter.ttft_from(self.ctx.started)
+                if meter.feed(chunk, clock()):
+                    self.ctx.first_token_s = meter.ttft_from(self.ctx.started)
                 assembler.feed(chunk)
         except UpstreamClosed:
             raise UpstreamGone("llama-server closed the connection before the answer was complete") from None

@@ -126,21 +126,21 @@ class OtelTelemetry:
         common: dict[str, AttributeValue] = {
             "gen_ai.operation.name": g.operation,
             "gen_ai.provider.name": PROVIDER,
-            "gen_ai.request.model": g.request_model or ctx.model or "-",
+            "gen_ai.request.model": ctx.request_model or ctx.model or "-",
         }
-        if g.usage is not None and ctx.model is not None:
+        if ctx.usage is not None and ctx.model is not None:
             common["gen_ai.response.model"] = ctx.model  # the served name: the child answers under it
         if error is not None:
             common["error.type"] = error
         self._span(ctx, g, common, error, start, end, at)
         self._duration.record(duration_s, common)
-        ttft_s = ctx.ttft_s if ctx.ttft_s is not None else g.first_token_s
+        ttft_s = ctx.ttft_s if ctx.ttft_s is not None else ctx.first_token_s
         if error is None and ttft_s is not None:
             self._ttft.record(ttft_s, common)
         if error is None and ctx.tpot_s is not None:
             self._tpot.record(ctx.tpot_s, common)
-        if g.usage is not None:
-            prompt, _, completion = g.usage
+        if ctx.usage is not None:
+            prompt, _, completion = ctx.usage
             self._tokens.record(prompt, {**common, "gen_ai.token.type": "input"})
             self._tokens.record(completion, {**common, "gen_ai.token.type": "output"})
 
@@ -157,26 +157,26 @@ class OtelTelemetry:
         attributes = {**common, **_request_attributes(ctx, g)}
         parent = self._parent(g)
         span = self._tracer.start_span(
-            f"{g.operation} {g.request_model or ctx.model or '-'}",
+            f"{g.operation} {ctx.request_model or ctx.model or '-'}",
             context=parent,
             kind=SpanKind.SERVER,
             start_time=start,
             attributes=attributes,
         )
         inside = trace.set_span_in_context(span)
-        if g.admit_at is not None:
-            admitted = at(g.admitted_at) if g.admitted_at is not None else end
-            wait = self._tracer.start_span("llamagate.admission", context=inside, start_time=at(g.admit_at))
-            wait.end(end_time=max(admitted, at(g.admit_at)))
-            ttft_s = ctx.ttft_s if ctx.ttft_s is not None else g.first_token_s
-            if ttft_s is not None and g.admitted_at is not None:
+        if ctx.admit_at is not None:
+            admitted = at(ctx.admitted_at) if ctx.admitted_at is not None else end
+            wait = self._tracer.start_span("llamagate.admission", context=inside, start_time=at(ctx.admit_at))
+            wait.end(end_time=max(admitted, at(ctx.admit_at)))
+            ttft_s = ctx.ttft_s if ctx.ttft_s is not None else ctx.first_token_s
+            if ttft_s is not None and ctx.admitted_at is not None:
                 first = start + int(ttft_s * 1e9)
                 prefill = self._tracer.start_span("llamagate.prefill", context=inside, start_time=admitted)
                 prefill.end(end_time=max(first, admitted))
                 decode = self._tracer.start_span("llamagate.decode", context=inside, start_time=first)
                 decode.set_attribute("gen_ai.usage.output_tokens", ctx.tokens)
                 decode.end(end_time=max(end, first))
-        for reason, when in g.replays:
+        for reason, when in ctx.replays:
             span.add_event("llamagate.replay", {"llamagate.replay.reason": reason}, timestamp=at(when))
         if ctx.outcome.startswith("rejected:"):
             span.add_event(
@@ -215,7 +215,7 @@ def _error_type(ctx: RequestContext) -> str | None:
 
 
 def _request_attributes(ctx: RequestContext, g: GenAI) -> dict[str, AttributeValue]:
-    out: dict[str, AttributeValue] = dict(g.params)
+    out: dict[str, AttributeValue] = dict(ctx.request_params)
     out["llamagate.request_id"] = ctx.request_id
     if ctx.tenant is not None:
         out["llamagate.tenant"] = ctx.tenant
@@ -227,13 +227,13 @@ def _request_attributes(ctx: RequestContext, g: GenAI) -> dict[str, AttributeVal
         out["llamagate.queue_wait_s"] = ctx.queue_wait_s
     if ctx.attempt > 1:
         out["llamagate.attempts"] = ctx.attempt
-    if g.usage is not None:
-        prompt, cached, completion = g.usage
+    if ctx.usage is not None:
+        prompt, cached, completion = ctx.usage
         out["gen_ai.usage.input_tokens"] = prompt
         out["gen_ai.usage.output_tokens"] = completion
         out["gen_ai.usage.cache_read.input_tokens"] = cached
-    if g.response_id is not None:
-        out["gen_ai.response.id"] = g.response_id
-    if g.finish_reasons:
-        out["gen_ai.response.finish_reasons"] = list(g.finish_reasons)
+    if ctx.response_id is not None:
+        out["gen_ai.response.id"] = ctx.response_id
+    if ctx.finish_reasons:
+        out["gen_ai.response.finish_reasons"] = list(ctx.finish_reasons)
     return out

@@ -41,10 +41,13 @@ def genai_for(kind: str, headers: list[tuple[bytes, bytes]]) -> GenAI:
     return GenAI(OPERATIONS.get(kind, kind), traceparent, tracestate)
 
 
-def read_params(g: GenAI, payload: dict[str, Any]) -> None:
+def read_params(payload: dict[str, Any]) -> dict[str, int | float]:
+    """The gen_ai.request.* figures of ``payload`` (``RequestContext.request_params``)."""
+    params: dict[str, int | float] = {}
     for attribute, fields in _PARAMS:
         for field in fields:
             value = _number(payload.get(field))
             if value is not None:
-                g.params[attribute] = value
+                params[attribute] = value
                 break
+    return params

@@ -17,7 +17,6 @@ Why each piece:
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from collections.abc import Iterator
@@ -29,6 +28,8 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.schema import declared as declared_fields
+from proxy.schema.llama import LLAMA, NESTED
 from tests.helpers.llama_schema import SchemaField, pinned_server_schema
 from tests.integration.conftest import Daemon, DaemonFactory, process_gone
 
@@ -312,9 +313,7 @@ def test_the_door_declares_every_field_of_the_pinned_schema(
 ) -> None:
     """Names and aliases of ``make_llama_cmpl_schema``, read from the locked source; a nested field's
     subfields are declared under it (``stream_options.include_usage``) or by declaring the parent."""
-    # Imported by name: the module lands with the door's schema (issue 48), and until then this test
-    # fails here, which is its point.
-    declared: set[str] = importlib.import_module("proxy.schema").declared_fields(route_kind)
+    declared = set(declared_fields(route_kind))
     missing = []
     for f in schema_fields:
         for path in f.paths():
@@ -323,3 +322,15 @@ def test_the_door_declares_every_field_of_the_pinned_schema(
             if path not in declared:
                 missing.append(path)
     assert not missing, f"{route_kind}: fields of the pinned server-schema.cpp the door does not declare"
+
+
+def test_the_pinned_schema_table_is_the_locked_source(schema_fields: list[SchemaField]) -> None:
+    """``proxy.schema.llama`` claims to be server-schema.cpp field by field: the same names and aliases,
+    nothing more, the nested ones under their parent."""
+    top = {path for f in schema_fields if f.parent is None for path in f.paths()}
+    nested: dict[str, set[str]] = {}
+    for f in schema_fields:
+        if f.parent is not None:
+            nested.setdefault(f.parent, set()).update(p.split(".", 1)[1] for p in f.paths())
+    assert set(LLAMA) == top
+    assert {k: set(v) for k, v in NESTED.items()} == nested

@@ -32,6 +32,7 @@ import openai.types.embedding_create_params as embedding_params
 import openai.types.responses.response_create_params as response_params
 import pytest
 
+from proxy.schema.llama import LLAMA
 from tests.helpers.llama_schema import SchemaField, pinned_server_schema
 from tests.integration.conftest import Daemon, DaemonFactory
 
@@ -288,9 +289,14 @@ def _with_value(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 def test_every_pinned_schema_field_in_range_passes_the_door(
     daemon_factory: DaemonFactory, schema_fields: list[SchemaField]
 ) -> None:
-    paths = [p for f in schema_fields for p in f.paths()]
-    missing = [p for p in paths if p not in IN_RANGE]
+    all_paths = [p for f in schema_fields for p in f.paths()]
+    missing = [p for p in all_paths if p not in IN_RANGE]
     assert not missing, f"pinned schema names without an in-range value here: {missing}"
+    # Fields the door refuses from every key on purpose, each with its reason (the advisories in
+    # docs/security.md, llama-server's internal plumbing, adapters never loaded): refused, never sent.
+    closed = {name: f.why for name, f in LLAMA.items() if f.who == "nobody"}
+    assert set(closed) == {"chat_parser", "chat_format", "lora"} and all(closed.values()), closed
+    paths = [p for p in all_paths if p not in closed]
     d = daemon_factory()
     pid = d.child_pid
     refused: list[str] = []
@@ -315,6 +321,14 @@ def test_every_pinned_schema_field_in_range_passes_the_door(
             for route, base in IN_RANGE_ROUTES.items()
         ]
     assert not refused, "in-range values refused by the door:\n" + "\n".join(refused)
+    with httpx.Client(timeout=30, trust_env=False) as c:
+        for name in closed:
+            r = c.post(
+                d.base_url + "/completion",
+                json=_with_value(IN_RANGE_ROUTES["/completion"], name, IN_RANGE[name]),
+                headers=_auth(d.admin_key),
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
     # And the child took every one: each value above got 200 from the pinned child through the door of
     # 6143b37, which forwarded bodies unchecked; an answer other than 200 now is the door's doing.
     assert not child_refused, "\n".join(child_refused)

@@ -111,7 +111,7 @@ def test_the_model_field_picks_a_lane_by_name_or_alias_and_tenants_may_be_limite
     assert r.resolve("chat", anyone).name == "chat"
     assert r.resolve("gpt", anyone).name == "chat"
     assert r.resolve("embed", anyone).name == "embed"
-    assert r.lanes["chat"].admission is not r.lanes["embed"].admission  # a gate each
+    assert r.lanes["chat"].gate is not r.lanes["embed"].gate  # a gate each
     with pytest.raises(ModelNotFound, match="'nope' does not exist; this server serves 'chat', 'embed'"):
         r.resolve("nope", anyone)
     with pytest.raises(BadRequest, match="'model' is required"):

@@ -274,7 +274,7 @@ async def test_a_spent_token_budget_is_a_429_naming_it_before_any_slot_with_the_
         assert third.headers["x-ratelimit-remaining-tokens"] == "0"
         assert third.headers["x-ratelimit-reset-tokens"].endswith("s")
         assert p.fake.requests == requests_before  # never reached the child
-        assert p.lane.admission.in_flight == 0 and p.lane.admission.queued == 0
+        assert p.lane.gate.in_flight == 0 and p.lane.gate.queued == 0
         # Another tenant is not affected, and unbudgeted answers carry no rate-limit headers.
         async with p.client("other") as other:
             r = await other.post("/v1/chat/completions", json=CHAT)
@@ -320,7 +320,7 @@ async def test_a_queue_timeout_gives_its_budget_hold_back_and_carries_the_header
         slow = asyncio.create_task(
             c.post("/v1/chat/completions", json={**CHAT, "fake_delay_ms": 1500}, timeout=30)
         )
-        await eventually(lambda: p.lane.admission.in_flight == 1, 5.0)
+        await eventually(lambda: p.lane.gate.in_flight == 1, 5.0)
         waited = await c.post("/v1/chat/completions", json=CHAT)
         assert waited.status_code == 429 and "waited" in waited.json()["error"]["message"]
         assert waited.headers["x-ratelimit-limit-requests"] == "100"

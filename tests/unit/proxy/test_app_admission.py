@@ -1,4 +1,4 @@
-"""Admission, disconnects, child faults and deadlines through the whole app (uvicorn + fake child)."""
+"""SlotGate, disconnects, child faults and deadlines through the whole app (uvicorn + fake child)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ async def test_a_freed_slot_goes_to_a_queued_request_only_within_its_tenants_lim
         async with p.client("other") as other:
             assert (await other.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert p.state.queued == 1 and not queued.done()
-        assert {load.name: load.in_flight for load in p.lane.admission.loads()}["team"] == 2
+        assert {load.name: load.in_flight for load in p.lane.gate.loads()}["team"] == 2
         assert p.fake.max_active == 3  # team's 2 and the other tenant's 1
         for task in held:
             task.cancel()
@@ -182,7 +182,7 @@ async def test_storm_of_cancellations_leaves_gauges_at_zero(proxy_factory: Proxy
 
         async def watch_tenants() -> None:
             while storming:
-                for load in p.lane.admission.loads():
+                for load in p.lane.gate.loads():
                     most[load.name] = max(most.get(load.name, 0), load.in_flight)
                 await asyncio.sleep(0)
 

@@ -54,7 +54,7 @@ async def test_listing_shows_queued_and_running_requests_and_no_prompt(proxy_fac
         queued = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "q-1"})
         )
-        await eventually(lambda: p.lane.admission.queued == 1)
+        await eventually(lambda: p.lane.gate.queued == 1)
         rows = await listed(p)
         by_id = {row["id"]: row for row in rows}
         assert set(by_id) == {"run-1", "q-1"}
@@ -98,14 +98,14 @@ async def test_cancelling_a_queued_request_takes_it_out_of_its_queue_with_410(
         queued = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "q-9"})
         )
-        await eventually(lambda: p.lane.admission.queued == 1)
+        await eventually(lambda: p.lane.gate.queued == 1)
         async with p.client("admin") as admin:
             r = await admin.delete("/admin/requests/q-9")
         assert r.status_code == 200, r.text
         (row,) = r.json()["cancelled"]
         assert row["id"] == "q-9" and row["state"] == "queued"
         # Out of its queue and off the list by the time DELETE answered.
-        assert p.lane.admission.queued == 0
+        assert p.lane.gate.queued == 0
         assert "q-9" not in [row["id"] for row in await listed(p)]
         answer = await queued
         assert answer.status_code == 410
@@ -149,7 +149,7 @@ async def test_cancelling_a_running_stream_ends_it_with_an_error_event_and_close
         assert "[DONE]" not in text
         assert text.count('"content"') < 2000  # stopped, long before its 2000 tokens
         await eventually(lambda: p.fake.client_gone == 1)  # the child saw its connection closed
-        await eventually(lambda: p.lane.admission.held == 0)
+        await eventually(lambda: p.lane.gate.held == 0)
         assert await metric(p, "llamagate_cancelled_requests_total", state="running") == 1
 
 
@@ -205,7 +205,7 @@ async def test_priority_and_max_wait_headers(proxy_factory: ProxyFactory) -> Non
         low = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"X-LlamaGate-Priority": "batch"})
         )
-        await eventually(lambda: p.lane.admission.queued == 1)
+        await eventually(lambda: p.lane.gate.queued == 1)
         async with p.client("admin") as admin:
             load = (await admin.get("/admin/load")).json()
         assert {"priority": 0, "in_flight": 0, "queued": 1} in load["priorities"]
@@ -236,8 +236,8 @@ async def test_a_request_cannot_raise_its_priority_above_its_tenants(proxy_facto
         asked_high = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"X-LlamaGate-Priority": "interactive"})
         )
-        await eventually(lambda: p.lane.admission.queued == 1)
-        levels = {lv.priority: lv.queued for lv in p.lane.admission.priority_loads()}
+        await eventually(lambda: p.lane.gate.queued == 1)
+        levels = {lv.priority: lv.queued for lv in p.lane.gate.priority_loads()}
         assert levels.get(0) == 1 and not levels.get(10)  # counted as the tenant's batch (0)
         async with p.client("admin") as admin:
             assert (await admin.delete("/admin/requests/hold")).status_code == 200

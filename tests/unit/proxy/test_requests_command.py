@@ -35,7 +35,7 @@ async def test_lists_then_cancels(proxy_factory: ProxyFactory, capsys: pytest.Ca
         queued = asyncio.create_task(
             c.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "q-1"})
         )
-        await eventually(lambda: p.lane.admission.queued == 1)
+        await eventually(lambda: p.lane.gate.queued == 1)
         code, out = await run(capsys, "requests", *flags)
         assert code == 0, out
         lines = out.splitlines()

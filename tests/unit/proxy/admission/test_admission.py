@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from proxy.admission.gate import Admission, Permit
+from proxy.admission.gate import Permit, SlotGate
 from proxy.errors import Forbidden, Rejected
 from proxy.settings import TenantSettings
 
@@ -35,12 +35,12 @@ class FakeClock:
         return self.now
 
 
-def loads(adm: Admission) -> dict[str, tuple[int, int]]:
+def loads(adm: SlotGate) -> dict[str, tuple[int, int]]:
     return {load.name: (load.in_flight, load.queued) for load in adm.loads()}
 
 
 async def test_grants_at_once_up_to_tenant_limit_then_queues() -> None:
-    adm = Admission([tenant("a", max_concurrency=2)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=2)], capacity=4)
     p1 = await adm.acquire("a")
     p2 = await adm.acquire("a")
     third = asyncio.ensure_future(adm.acquire("a"))
@@ -58,7 +58,7 @@ async def test_grants_at_once_up_to_tenant_limit_then_queues() -> None:
 
 
 async def test_global_gate_is_the_slot_count() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=3)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=3)
     held = [await adm.acquire("a"), await adm.acquire("b"), await adm.acquire("a")]
     blocked = asyncio.ensure_future(adm.acquire("b"))
     await settle()
@@ -72,7 +72,7 @@ async def test_global_gate_is_the_slot_count() -> None:
 
 
 async def test_tenant_limit_holds_while_global_capacity_is_free() -> None:
-    adm = Admission([tenant("a", max_concurrency=1), tenant("b")], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1), tenant("b")], capacity=4)
     pa = await adm.acquire("a")
     waiting_a = asyncio.ensure_future(adm.acquire("a"))
     pb = await adm.acquire("b")  # b is not held up behind a's queue
@@ -87,7 +87,7 @@ async def test_tenant_limit_holds_while_global_capacity_is_free() -> None:
 
 async def test_full_queue_is_refused_at_once_with_an_estimate_from_service_times() -> None:
     clock = FakeClock()
-    adm = Admission([tenant("a", max_concurrency=1, max_queue=2)], capacity=4, clock=clock)
+    adm = SlotGate([tenant("a", max_concurrency=1, max_queue=2)], capacity=4, clock=clock)
     # Two completed requests of 4 s each teach the controller the service time.
     for _ in range(2):
         p = await adm.acquire("a")
@@ -113,7 +113,7 @@ async def test_full_queue_is_refused_at_once_with_an_estimate_from_service_times
 
 async def test_retry_after_grows_with_the_queue_and_the_service_time() -> None:
     clock = FakeClock()
-    adm = Admission([tenant("a", max_concurrency=2, max_queue=0)], capacity=4, clock=clock)
+    adm = SlotGate([tenant("a", max_concurrency=2, max_queue=0)], capacity=4, clock=clock)
     p = await adm.acquire("a")
     clock.now += 10.0
     p.release()
@@ -127,7 +127,7 @@ async def test_retry_after_grows_with_the_queue_and_the_service_time() -> None:
 
 async def test_retry_after_on_a_queue_timeout_grows_with_the_requests_still_waiting() -> None:
     clock = FakeClock()
-    adm = Admission(
+    adm = SlotGate(
         [tenant("a", max_concurrency=2, max_queue=10, queue_timeout_s=0.02)], capacity=4, clock=clock
     )
     p = await adm.acquire("a")
@@ -151,7 +151,7 @@ async def test_retry_after_on_a_queue_timeout_grows_with_the_requests_still_wait
 async def test_retry_after_on_a_full_queue_is_when_the_first_place_frees() -> None:
     clock = FakeClock()
     # 8 allowed but only 2 slots: the estimate divides by what can really run at once.
-    adm = Admission([tenant("a", max_concurrency=8, max_queue=3)], capacity=2, clock=clock)
+    adm = SlotGate([tenant("a", max_concurrency=8, max_queue=3)], capacity=2, clock=clock)
     p = await adm.acquire("a")
     clock.now += 3.0
     p.release()
@@ -180,7 +180,7 @@ def test_retry_after_header_is_whole_seconds_rounded_up_at_least_1(seconds: floa
 
 
 async def test_wait_deadline_answers_429_and_leaves_the_queue() -> None:
-    adm = Admission([tenant("a", max_concurrency=1, queue_timeout_s=0.02)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1, queue_timeout_s=0.02)], capacity=4)
     held = await adm.acquire("a")
     with pytest.raises(Rejected) as info:
         await adm.acquire("a")
@@ -191,7 +191,7 @@ async def test_wait_deadline_answers_429_and_leaves_the_queue() -> None:
 
 
 async def test_fifo_within_a_tenant() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=1)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=1)
     first = await adm.acquire("a")
     order: list[int] = []
 
@@ -209,7 +209,7 @@ async def test_fifo_within_a_tenant() -> None:
 
 
 async def test_turns_alternate_between_equal_tenants_so_a_burst_cannot_starve_another() -> None:
-    adm = Admission([tenant("burst"), tenant("calm")], capacity=1)
+    adm = SlotGate([tenant("burst"), tenant("calm")], capacity=1)
     held = await adm.acquire("burst")
     grants: list[str] = []
 
@@ -238,7 +238,7 @@ async def test_turns_alternate_between_equal_tenants_so_a_burst_cannot_starve_an
 
 
 async def test_weights_share_freed_slots_proportionally() -> None:
-    adm = Admission([tenant("heavy", weight=3), tenant("light", weight=1)], capacity=1)
+    adm = SlotGate([tenant("heavy", weight=3), tenant("light", weight=1)], capacity=1)
     gate = await adm.acquire("light")
     grants: list[str] = []
 
@@ -261,7 +261,7 @@ async def test_weights_share_freed_slots_proportionally() -> None:
 
 
 async def test_idle_tenant_earns_no_credit() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=1)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=1)
     # a is served alone for a long while (fast path), b idles.
     for _ in range(50):
         (await adm.acquire("a")).release()
@@ -285,7 +285,7 @@ async def test_idle_tenant_earns_no_credit() -> None:
 
 
 async def test_cancelled_waiter_leaves_the_queue_and_takes_nothing() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=1)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=1)
     held = await adm.acquire("a")
     waiter = asyncio.ensure_future(adm.acquire("a"))
     await settle()
@@ -298,7 +298,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_takes_nothing() -> None:
 
 
 async def test_permit_granted_in_the_same_turn_as_a_cancel_is_given_back() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=1)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=1)
     held = await adm.acquire("a")
     waiter = asyncio.ensure_future(adm.acquire("a"))
     await settle()
@@ -311,7 +311,7 @@ async def test_permit_granted_in_the_same_turn_as_a_cancel_is_given_back() -> No
 
 
 async def test_release_is_idempotent() -> None:
-    adm = Admission([tenant("a")], capacity=2)
+    adm = SlotGate([tenant("a")], capacity=2)
     p = await adm.acquire("a")
     p.release()
     p.release()
@@ -320,7 +320,7 @@ async def test_release_is_idempotent() -> None:
 
 
 async def test_capacity_follows_the_child_and_shrinking_revokes_nothing() -> None:
-    adm = Admission([tenant("a")], capacity=0)
+    adm = SlotGate([tenant("a")], capacity=0)
     waiting = [asyncio.ensure_future(adm.acquire("a")) for _ in range(3)]
     await settle()
     assert adm.queued == 3
@@ -337,7 +337,7 @@ async def test_capacity_follows_the_child_and_shrinking_revokes_nothing() -> Non
 
 
 async def test_reload_raises_a_limit_and_admits_waiters() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=4)
     held = await adm.acquire("a")
     waiting = asyncio.ensure_future(adm.acquire("a"))
     await settle()
@@ -350,7 +350,7 @@ async def test_reload_raises_a_limit_and_admits_waiters() -> None:
 
 
 async def test_reload_that_removes_a_tenant_keeps_its_permits_consistent() -> None:
-    adm = Admission([tenant("gone", max_concurrency=1), tenant("stays")], capacity=2)
+    adm = SlotGate([tenant("gone", max_concurrency=1), tenant("stays")], capacity=2)
     held = await adm.acquire("gone")
     queued = asyncio.ensure_future(adm.acquire("gone"))
     await settle()
@@ -369,13 +369,13 @@ async def test_reload_that_removes_a_tenant_keeps_its_permits_consistent() -> No
 
 
 async def test_unknown_tenant_is_forbidden() -> None:
-    adm = Admission([tenant("a")], capacity=1)
+    adm = SlotGate([tenant("a")], capacity=1)
     with pytest.raises(Forbidden):
         await adm.acquire("b")
 
 
 async def test_wait_idle() -> None:
-    adm = Admission([tenant("a")], capacity=1)
+    adm = SlotGate([tenant("a")], capacity=1)
     assert await adm.wait_idle(0.0)
     p = await adm.acquire("a")
     idle = asyncio.ensure_future(adm.wait_idle(5.0))
@@ -390,7 +390,7 @@ async def test_wait_idle() -> None:
 
 async def test_storm_of_cancellations_and_timeouts_leaves_nothing_behind() -> None:
     rng = random.Random(7)
-    adm = Admission(
+    adm = SlotGate(
         [
             tenant("a", max_concurrency=2, max_queue=20, queue_timeout_s=0.05, weight=2),
             tenant("b", max_concurrency=3, max_queue=5, queue_timeout_s=0.05),
@@ -454,7 +454,7 @@ async def test_storm_of_cancellations_and_timeouts_leaves_nothing_behind() -> No
 
 
 async def test_lingering_slot_is_held_after_an_abandoned_request() -> None:
-    adm = Admission([tenant("a", max_concurrency=1), tenant("b")], capacity=1)
+    adm = SlotGate([tenant("a", max_concurrency=1), tenant("b")], capacity=1)
     p = await adm.acquire("a")
     p.release(linger_s=0.05)  # the child is still busy with the abandoned request
     assert adm.lingering == 1 and adm.in_flight == 0
@@ -468,7 +468,7 @@ async def test_lingering_slot_is_held_after_an_abandoned_request() -> None:
 
 # --- a replay takes its place back at the head of its tenant's queue (proxy.routes.replay) -------------
 async def test_front_goes_ahead_of_its_tenants_queue() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=4)
     held = await adm.acquire("a")
     behind = asyncio.ensure_future(adm.acquire("a"))
     await settle()
@@ -486,7 +486,7 @@ async def test_front_goes_ahead_of_its_tenants_queue() -> None:
 
 async def test_front_is_granted_at_once_past_its_own_queue_when_a_slot_is_free() -> None:
     # The tenant's head needs two slots and one is free: the replay (one slot) takes it at once.
-    adm = Admission([tenant("a", max_concurrency=3), tenant("b")], capacity=3)
+    adm = SlotGate([tenant("a", max_concurrency=3), tenant("b")], capacity=3)
     others = [await adm.acquire("b"), await adm.acquire("b")]
     wide = asyncio.ensure_future(adm.acquire("a", 2))
     await settle()
@@ -501,7 +501,7 @@ async def test_front_is_granted_at_once_past_its_own_queue_when_a_slot_is_free()
 
 
 async def test_front_is_not_refused_by_a_full_queue() -> None:
-    adm = Admission([tenant("a", max_concurrency=1, max_queue=1)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1, max_queue=1)], capacity=4)
     held = await adm.acquire("a")
     queued = asyncio.ensure_future(adm.acquire("a"))
     await settle()
@@ -520,7 +520,7 @@ async def test_front_is_not_refused_by_a_full_queue() -> None:
 
 async def test_front_takes_no_other_tenants_turn() -> None:
     # b has waited its turn; a's replay goes ahead of a's own queue only, not of b.
-    adm = Admission([tenant("a"), tenant("b")], capacity=1)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=1)
     held = await adm.acquire("a")
     b_waiting = asyncio.ensure_future(adm.acquire("b"))
     await settle()
@@ -537,7 +537,7 @@ async def test_front_takes_no_other_tenants_turn() -> None:
 
 
 async def test_a_cancelled_front_waiter_leaves_nothing() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=4)
     held = await adm.acquire("a")
     replay = asyncio.ensure_future(adm.acquire("a", front=True))
     await settle()
@@ -549,7 +549,7 @@ async def test_a_cancelled_front_waiter_leaves_nothing() -> None:
 
 
 async def test_replays_of_one_tenant_keep_their_order_at_the_head() -> None:
-    adm = Admission([tenant("a", max_concurrency=1)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=1)], capacity=4)
     held = await adm.acquire("a")
     new = asyncio.ensure_future(adm.acquire("a"))
     await settle()

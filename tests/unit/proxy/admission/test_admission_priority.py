@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from proxy.admission.gate import AGING_S_PER_LEVEL, Admission, Permit, PriorityLoad
+from proxy.admission.gate import AGING_S_PER_LEVEL, Permit, PriorityLoad, SlotGate
 from proxy.errors import Rejected
 from proxy.settings import PRIORITY_LEVELS, parse_priority
 from tests.unit.proxy.admission.test_admission import FakeClock, settle, tenant
@@ -24,7 +24,7 @@ def test_the_documented_bound_is_ten_seconds_for_batch_behind_interactive() -> N
 
 async def test_interactive_request_goes_before_a_batch_tenants_queue() -> None:
     clock = FakeClock()
-    adm = Admission(
+    adm = SlotGate(
         [tenant("batch", max_concurrency=1, priority=BATCH), tenant("chat", priority=INTERACTIVE)],
         capacity=1,
         clock=clock,
@@ -52,7 +52,7 @@ async def test_interactive_request_goes_before_a_batch_tenants_queue() -> None:
 async def test_a_batch_request_gets_its_turn_within_the_bound_while_interactive_ones_keep_coming() -> None:
     clock = FakeClock()
     step = 0.5  # service time of every request
-    adm = Admission(
+    adm = SlotGate(
         [tenant("batch", max_concurrency=1, priority=BATCH), tenant("chat", priority=INTERACTIVE)],
         capacity=1,
         clock=clock,
@@ -111,7 +111,7 @@ async def test_a_batch_request_gets_its_turn_within_the_bound_while_interactive_
 
 async def test_equal_priorities_keep_the_fair_share_between_other_priorities() -> None:
     clock = FakeClock()
-    adm = Admission(
+    adm = SlotGate(
         [
             tenant("a", priority=INTERACTIVE),
             tenant("b", priority=INTERACTIVE),
@@ -140,7 +140,7 @@ async def test_equal_priorities_keep_the_fair_share_between_other_priorities() -
 
 async def test_a_request_may_lower_its_priority_but_never_raise_it() -> None:
     clock = FakeClock()
-    adm = Admission(
+    adm = SlotGate(
         [
             tenant("bulk", priority=BATCH),
             tenant("plain", priority=DEFAULT),
@@ -174,7 +174,7 @@ async def test_a_request_may_lower_its_priority_but_never_raise_it() -> None:
 
 
 async def test_a_tenants_lowered_request_lets_its_other_requests_pass() -> None:
-    adm = Admission([tenant("chat", max_concurrency=1, priority=INTERACTIVE)], capacity=4, clock=FakeClock())
+    adm = SlotGate([tenant("chat", max_concurrency=1, priority=INTERACTIVE)], capacity=4, clock=FakeClock())
     held = await adm.acquire("chat")
     background = asyncio.ensure_future(adm.acquire("chat", priority=BATCH))
     await settle()
@@ -191,7 +191,7 @@ async def test_a_tenants_lowered_request_lets_its_other_requests_pass() -> None:
 
 async def test_a_higher_priority_takes_a_slot_a_wide_lower_one_waits_for_until_that_one_has_aged() -> None:
     clock = FakeClock()
-    adm = Admission(
+    adm = SlotGate(
         [tenant("bulk", priority=BATCH), tenant("chat", priority=INTERACTIVE)], capacity=2, clock=clock
     )
     held = await adm.acquire("chat")
@@ -216,7 +216,7 @@ async def test_a_higher_priority_takes_a_slot_a_wide_lower_one_waits_for_until_t
 
 
 async def test_priority_loads_count_slots_in_flight_and_requests_queued_per_priority() -> None:
-    adm = Admission(
+    adm = SlotGate(
         [tenant("bulk", priority=BATCH), tenant("chat", priority=INTERACTIVE)], capacity=3, clock=FakeClock()
     )
     assert adm.priority_loads() == [PriorityLoad(INTERACTIVE, 0, 0), PriorityLoad(BATCH, 0, 0)]
@@ -238,7 +238,7 @@ async def test_priority_loads_count_slots_in_flight_and_requests_queued_per_prio
 
 
 async def test_a_requests_own_maximum_wait_is_capped_by_its_tenants_queue_timeout() -> None:
-    adm = Admission([tenant("a", max_concurrency=1, queue_timeout_s=30.0)], capacity=1)
+    adm = SlotGate([tenant("a", max_concurrency=1, queue_timeout_s=30.0)], capacity=1)
     held = await adm.acquire("a")
     with pytest.raises(Rejected) as info:
         await asyncio.wait_for(adm.acquire("a", max_wait_s=0.02), 5.0)
@@ -247,7 +247,7 @@ async def test_a_requests_own_maximum_wait_is_capped_by_its_tenants_queue_timeou
     with pytest.raises(Rejected) as info:
         await adm.acquire("a", max_wait_s=0)  # now or never
     assert info.value.reason == "queue_timeout" and adm.queued == 0
-    short = Admission([tenant("a", max_concurrency=1, queue_timeout_s=0.02)], capacity=1)
+    short = SlotGate([tenant("a", max_concurrency=1, queue_timeout_s=0.02)], capacity=1)
     other = await short.acquire("a")
     with pytest.raises(Rejected) as info:
         # Asking for longer than the tenant allows gets the tenant's limit, not an hour.
@@ -261,7 +261,7 @@ async def test_a_requests_own_maximum_wait_is_capped_by_its_tenants_queue_timeou
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 async def test_a_bad_maximum_wait_is_a_clear_error(bad: float) -> None:
-    adm = Admission([tenant("a")], capacity=1)
+    adm = SlotGate([tenant("a")], capacity=1)
     with pytest.raises(ValueError, match="max_wait_s must be a finite number >= 0"):
         await adm.acquire("a", max_wait_s=bad)
     assert adm.in_flight == 0 and adm.queued == 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from tests.unit.proxy.admission.test_admission import loads, settle, tenant
 
 
 async def test_a_wide_permit_counts_every_slot() -> None:
-    adm = Admission([tenant("a", max_concurrency=2), tenant("b")], capacity=3)
+    adm = SlotGate([tenant("a", max_concurrency=2), tenant("b")], capacity=3)
     wide = await adm.acquire("a", 2)
     assert wide.slots == 2 and adm.in_flight == 2 and loads(adm)["a"] == (2, 0)
     one = await adm.acquire("b")
@@ -26,7 +26,7 @@ async def test_a_wide_permit_counts_every_slot() -> None:
 
 
 async def test_all_or_nothing_never_takes_part_of_a_request() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=2)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=2)
     held = await adm.acquire("a")
     wide = asyncio.ensure_future(adm.acquire("b", 2))
     await settle()
@@ -39,7 +39,7 @@ async def test_all_or_nothing_never_takes_part_of_a_request() -> None:
 
 
 async def test_a_wide_request_is_not_starved_by_narrow_ones() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=2)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=2)
     first = await adm.acquire("a")
     wide = asyncio.ensure_future(adm.acquire("b", 2))
     await settle()
@@ -58,7 +58,7 @@ async def test_a_wide_request_is_not_starved_by_narrow_ones() -> None:
 
 
 async def test_a_cancelled_wide_waiter_lets_the_others_through() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=2)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=2)
     first = await adm.acquire("a")
     wide = asyncio.ensure_future(adm.acquire("b", 2))
     await settle()
@@ -74,7 +74,7 @@ async def test_a_cancelled_wide_waiter_lets_the_others_through() -> None:
 
 
 async def test_tenant_limit_counts_slots() -> None:
-    adm = Admission([tenant("a", max_concurrency=2)], capacity=4)
+    adm = SlotGate([tenant("a", max_concurrency=2)], capacity=4)
     one = await adm.acquire("a")
     wide = asyncio.ensure_future(adm.acquire("a", 2))
     await settle()
@@ -86,7 +86,7 @@ async def test_tenant_limit_counts_slots() -> None:
 
 
 async def test_a_request_wider_than_a_shrunk_gate_blocks_nobody() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=2)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=2)
     held = await adm.acquire("a")
     wide = asyncio.ensure_future(adm.acquire("b", 2))
     await settle()
@@ -102,7 +102,7 @@ async def test_a_request_wider_than_a_shrunk_gate_blocks_nobody() -> None:
 
 
 async def test_a_lingering_wide_permit_keeps_all_its_slots() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=2)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=2)
     wide = await adm.acquire("a", 2)
     wide.release(linger_s=0.05)
     assert adm.in_flight == 0 and adm.lingering == 2 and loads(adm)["a"] == (0, 0)
@@ -116,7 +116,7 @@ async def test_a_lingering_wide_permit_keeps_all_its_slots() -> None:
 
 
 async def test_a_confirmed_linger_holds_until_the_confirmation() -> None:
-    adm = Admission([tenant("a"), tenant("b")], capacity=1)
+    adm = SlotGate([tenant("a"), tenant("b")], capacity=1)
     permit = await adm.acquire("a")
     settled = asyncio.Event()
     permit.release(0.01, settled.wait)
@@ -129,7 +129,7 @@ async def test_a_confirmed_linger_holds_until_the_confirmation() -> None:
 
 
 async def test_a_failing_confirmation_still_ends_the_linger() -> None:
-    adm = Admission([tenant("a")], capacity=1)
+    adm = SlotGate([tenant("a")], capacity=1)
 
     async def broken() -> None:
         raise RuntimeError("the child went away")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from proxy.admission.gate import Admission
-from proxy.admission.pipeline import Ask, Grant, Pipeline, Spent
+from proxy.admission.gate import SlotGate
+from proxy.admission.pipeline import Ask, Grant, Pipeline, PromptCheck, Slots, Spent
 from proxy.asgi.context import RequestContext
 from proxy.errors import Rejected
 from proxy.settings import TenantSettings
@@ -48,8 +48,8 @@ def ctx() -> RequestContext:
 async def test_holds_are_charged_once_in_reverse_order_and_the_slot_given_back() -> None:
     log: list[str] = []
     budgets, total = Step("budgets", log), Step("total", log)
-    gate = Admission([TENANT], capacity=1)
-    async with Pipeline([budgets], [total]).admit(Ask(TENANT, "k", "m"), ctx(), gate) as grant:
+    gate = SlotGate([TENANT], capacity=1)
+    async with Pipeline([budgets, total, Slots()]).admit(Ask(TENANT, "k", "m"), ctx(), gate) as grant:
         assert gate.in_flight == 1
         grant.charge(42)
     assert log == ["take budgets", "take total", "close total", "close budgets"]
@@ -60,9 +60,9 @@ async def test_holds_are_charged_once_in_reverse_order_and_the_slot_given_back()
 async def test_a_refusal_gives_back_what_earlier_steps_took_and_takes_no_slot() -> None:
     log: list[str] = []
     budgets, lease = Step("budgets", log), Step("lease", log, refuse=True)
-    gate = Admission([TENANT], capacity=1)
+    gate = SlotGate([TENANT], capacity=1)
     with pytest.raises(Rejected, match="lease says no"):
-        async with Pipeline([budgets], [lease]).admit(Ask(TENANT, "k", "m"), ctx(), gate):
+        async with Pipeline([budgets, lease, Slots()]).admit(Ask(TENANT, "k", "m"), ctx(), gate):
             pytest.fail("admitted")
     assert log == ["take budgets", "take lease", "close budgets"]
     assert budgets.closed == [None] and gate.in_flight == 0
@@ -74,9 +74,9 @@ async def test_the_check_runs_after_the_budgets_and_before_any_wait() -> None:
     async def check() -> None:
         log.append("check")
 
-    gate = Admission([TENANT], capacity=1)
-    steps = Pipeline([Step("budgets", log)], [Step("lease", log)])
-    async with steps.admit(Ask(TENANT, "k", "m"), ctx(), gate, check):
+    gate = SlotGate([TENANT], capacity=1)
+    steps = Pipeline([Step("budgets", log), PromptCheck(), Step("lease", log), Slots()])
+    async with steps.admit(Ask(TENANT, "k", "m", check=check), ctx(), gate):
         pass
     assert log[:3] == ["take budgets", "check", "take lease"]
 
@@ -84,9 +84,9 @@ async def test_the_check_runs_after_the_budgets_and_before_any_wait() -> None:
 async def test_a_hold_that_fails_to_close_does_not_keep_the_others(caplog: pytest.LogCaptureFixture) -> None:
     log: list[str] = []
     budgets, broken = Step("budgets", log), Broken("total", log)
-    gate = Admission([TENANT], capacity=1)
+    gate = SlotGate([TENANT], capacity=1)
     with caplog.at_level(logging.ERROR, logger="llamagate.proxy"):
-        async with Pipeline([budgets], [broken]).admit(Ask(TENANT, "k", "m"), ctx(), gate):
+        async with Pipeline([budgets, broken, Slots()]).admit(Ask(TENANT, "k", "m"), ctx(), gate):
             pass
     assert budgets.closed == [None] and gate.in_flight == 0
     assert "closing a hold failed" in caplog.text
@@ -97,22 +97,27 @@ async def test_one_wait_for_every_step_and_a_replay_waits_afresh_at_the_front() 
     Max-Wait 2 s that waited 1.5 s for a lease waits at most 0.5 s for a slot), which counts as its
     queue time. A replay takes the slots again at the head of its tenant's queue, within a wait of its own."""
     log: list[str] = []
-    gate = Admission([TENANT], capacity=1)
+    gate = SlotGate([TENANT], capacity=1)
     blocker = await gate.acquire("t")
     ask = Ask(TENANT, "k", "m", max_wait_s=2.0)
     request = ctx()
     started = time.monotonic()
     with pytest.raises(Rejected) as refused:
-        async with Pipeline([], [Step("lease", log, wait_s=1.5)]).admit(ask, request, gate):
+        async with Pipeline([Step("lease", log, wait_s=1.5), Slots()]).admit(ask, request, gate):
             pytest.fail("admitted")
     took = time.monotonic() - started
     assert refused.value.reason == "queue_timeout" and 0.4 <= took < 1.5
     assert request.queue_wait_s == 1.5  # the lease's wait is the request's queue time
     blocker.release()
-    pipeline = Pipeline([], [])
+    pipeline = Pipeline([Slots()])
     async with pipeline.admit(Ask(TENANT, "k", "m"), ctx(), gate) as grant:
         assert grant.permit is not None
         grant.permit.release()
         again = await pipeline.retake_slot(grant)
         assert grant.ask.front and grant.ask.waited_s == 0.0 and again is grant.permit
     assert gate.in_flight == 0
+
+
+def test_the_pipeline_ends_with_the_slots() -> None:
+    with pytest.raises(ValueError, match="last step is the model's slots"):
+        Pipeline([PromptCheck()])

@@ -101,7 +101,7 @@ async def test_a_client_that_leaves_while_waiting_for_a_lease_holds_nothing(
             assert await redis.zcard("llamagate:{team}:queue:gpt-4o-mini") == 0  # its place too
         finally:
             await redis.aclose()
-        assert p.lane.admission.in_flight == 0
+        assert p.lane.gate.in_flight == 0
 
 
 async def _count(redis: Redis, n: int) -> bool:
@@ -120,7 +120,7 @@ async def test_refuse_answers_503_with_retry_after_while_redis_is_down(
         error = r.json()["error"]
         assert (error["type"], error["code"]) == ("unavailable_error", "shared_limits_unavailable")
         assert await mode(p) == "refuse"
-        assert p.lane.admission.in_flight == 0 and p.fake.requests == 1
+        assert p.lane.gate.in_flight == 0 and p.fake.requests == 1
         redis_server.start()
 
         async def back() -> bool:

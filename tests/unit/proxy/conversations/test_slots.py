@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.conversations.slots import EMPTY, UNKNOWN, SlotMap
 from tests.unit.proxy.admission.test_admission import settle, tenant
 
@@ -70,9 +70,9 @@ def test_requests_the_child_places_leave_the_map_unknown() -> None:
 
 
 async def test_the_gate_frees_the_slot_when_it_counts_it_free() -> None:
-    adm = Admission([tenant("a")], capacity=2)
-    permit = await adm.acquire("a")
-    permit.pin = adm.slot_map.take("A")
+    adm = SlotGate([tenant("a")], capacity=2)
+    permit = await adm.acquire("a", conversation="A", placeable=True)  # the gate places it
+    assert permit.pin is not None and permit.pin.slot is not None
     settled = asyncio.Event()
 
     async def confirm() -> None:
@@ -87,7 +87,7 @@ async def test_the_gate_frees_the_slot_when_it_counts_it_free() -> None:
 
 
 async def test_a_new_child_gets_a_new_map() -> None:
-    adm = Admission([tenant("a")], capacity=2)
+    adm = SlotGate([tenant("a")], capacity=2)
     old = adm.slot_map
     permit = await adm.acquire("a")
     permit.pin = old.take("A")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.admission.gate import Admission
+from proxy.admission.gate import SlotGate
 from proxy.metrics.listener import allowed, create_metrics_app, networks
 from proxy.metrics.picker import PickerGauges, parse_slots
 from proxy.metrics.proxy import ProxyMetrics
@@ -92,8 +92,8 @@ async def test_one_series_per_model_per_metric_and_slots_read_at_most_once_per_t
     a = dataclasses.replace(SNAPSHOT, base_url="http://127.0.0.1:1")
     b = dataclasses.replace(SNAPSHOT, base_url="http://127.0.0.1:2", model_alias="other")
     pool = FakePool({"http://127.0.0.1:1": SLOTS, "http://127.0.0.1:2": SLOTS[:1]})
-    gate_a = Admission([TenantSettings("x"), TenantSettings("y")], capacity=2)
-    gate_b = Admission([TenantSettings("x")], capacity=1)
+    gate_a = SlotGate([TenantSettings("x"), TenantSettings("y")], capacity=2)
+    gate_b = SlotGate([TenantSettings("x")], capacity=1)
     permits = [await gate_a.acquire("x"), await gate_a.acquire("y")]
     clock = Clock()
     gauges = PickerGauges(
@@ -131,7 +131,7 @@ async def test_one_series_per_model_per_metric_and_slots_read_at_most_once_per_t
 async def test_a_child_not_ready_shows_no_slots_and_is_not_read() -> None:
     down = dataclasses.replace(SNAPSHOT, base_url=None, ready=False, state="BACKOFF")
     pool = FakePool({})
-    gauges = PickerGauges(lambda: {"m": (Admission([], capacity=0), lambda: down)}, pool)  # type: ignore[arg-type]
+    gauges = PickerGauges(lambda: {"m": (SlotGate([], capacity=0), lambda: down)}, pool)  # type: ignore[arg-type]
     await gauges.refresh()
     assert pool.reads == []
     values = {n: v for n, _, v in _samples(gauges)}

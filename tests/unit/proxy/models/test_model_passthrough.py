@@ -187,7 +187,7 @@ async def test_admin_load_shows_each_models_gate_and_the_totals() -> None:
     async with door() as d, d.client("admin") as c:
         lanes = d.state.router.lanes
         lanes["chat"].snapshot()  # sizes the gate to the child's slots, as a request does
-        chat_gate = lanes["chat"].admission
+        chat_gate = lanes["chat"].gate
         permit = await chat_gate.acquire("team", 1)
         try:
             r = await c.get("/admin/load")

@@ -48,7 +48,7 @@ async def test_counting_routes_take_no_slot_and_are_rate_bounded_per_tenant(
         r = await c.post("/v1/chat/completions/input_tokens", json=body)
         assert r.status_code == 200 and r.json() == {"input_tokens": 11}
         assert (await c.post("/tokenize", json={"content": "a b"})).json() == {"tokens": [0, 1]}
-        assert p.lane.admission.in_flight == 0
+        assert p.lane.gate.in_flight == 0
         r = await c.post("/tokenize", json={"content": "a b"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"

@@ -72,7 +72,7 @@ def access(caplog: pytest.LogCaptureFixture, route: str = "/v1/chat/completions"
 
 def waiting(p: Proxy) -> Callable[[], bool]:
     """The request is being handled and holds no slot: it waits for the next child."""
-    adm = p.lane.admission
+    adm = p.lane.gate
     return lambda: p.fake.deaths == 1 and p.state.active == 1 and adm.held == 0 and adm.queued == 0
 
 
@@ -90,7 +90,7 @@ async def test_a_non_streamed_answer_whose_child_died_comes_whole_from_the_next_
         dies(p, at_token=2)  # two tokens generated, then killed: the client has seen nothing
         task = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT))
         await eventually(waiting(p), DEADLINE_S)
-        assert p.lane.admission.lingering == 0  # the dead child's permit went back without a linger
+        assert p.lane.gate.lingering == 0  # the dead child's permit went back without a linger
         async with next_child(p) as child:
             r = await asyncio.wait_for(task, DEADLINE_S)
             assert r.status_code == 200, r.text
@@ -181,7 +181,7 @@ async def test_a_second_death_is_not_replayed_again(proxy_factory: ProxyFactory)
             await eventually(lambda: p.state.active == 0, DEADLINE_S)
             assert third.requests == 0
         assert await replays(p) == {"closed": 1.0}
-        assert p.lane.admission.held == 0
+        assert p.lane.gate.held == 0
 
 
 async def test_no_child_before_the_deadline_gets_the_503_with_retry_after(
@@ -201,7 +201,7 @@ async def test_no_child_before_the_deadline_gets_the_503_with_retry_after(
         assert status == 503 and retry_after == "3"
         assert json.loads(lines[0])["error"]["code"] == "not_ready"
         assert await replays(p) == {"closed": 2.0}
-        assert p.state.active == 0 and p.lane.admission.held == 0 and p.lane.admission.queued == 0
+        assert p.state.active == 0 and p.lane.gate.held == 0 and p.lane.gate.queued == 0
 
 
 async def test_a_model_that_gave_up_ends_the_wait_at_once(proxy_factory: ProxyFactory) -> None:
@@ -227,7 +227,7 @@ async def test_a_client_that_leaves_during_the_wait_holds_nothing(
         await eventually(waiting(p), DEADLINE_S)
         task.cancel()  # the client closes its connection
         await asyncio.gather(task, return_exceptions=True)
-        adm = p.lane.admission
+        adm = p.lane.gate
         await eventually(lambda: p.state.active == 0, DEADLINE_S)
         assert (adm.held, adm.queued, adm.lingering) == (0, 0, 0)
         async with next_child(p) as child:
@@ -274,7 +274,7 @@ async def test_a_child_gone_before_the_request_reached_it_is_replayed_as_refused
 
 def test_every_generation_route_is_replayable() -> None:
     # None of today's generation routes has an effect beyond generating (embeddings and rerank too).
-    generation = [r for r in ROUTES if r.admission]
+    generation = [r for r in ROUTES if r.takes_slots]
     assert len(generation) == 16 and all(r.replayable for r in generation)
 
 
@@ -300,4 +300,4 @@ async def test_a_model_removed_during_the_wait_ends_it_with_the_original_failure
         p.state.router.remove(lane.name)  # a SIGHUP took the model out of the config
         r = await asyncio.wait_for(task, DEADLINE_S)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
-        assert lane.admission.held == 0 and lane.active == 0
+        assert lane.gate.held == 0 and lane.active == 0

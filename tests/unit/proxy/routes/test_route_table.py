@@ -34,7 +34,7 @@ def test_doc_served_table_is_the_code_table() -> None:
         (path, tuple(m.strip() for m in methods.split(",")), kind, _CREDENTIALS[cred], admission)
         for path, methods, kind, cred, admission, *_ in doc_table("<!-- route-table:served -->")
     ]
-    code = [(r.path, r.methods, r.kind, r.access, "yes" if r.admission else "no") for r in ROUTES]
+    code = [(r.path, r.methods, r.kind, r.access, "yes" if r.takes_slots else "no") for r in ROUTES]
     assert documented == code
 
 
@@ -61,7 +61,7 @@ STREAMING = GENERATION - {"embeddings", "rerank"}
 
 def test_every_generation_row_has_a_stream_format_and_a_cost_and_takes_admission() -> None:
     for r in ROUTES:
-        assert r.admission == (r.kind in GENERATION) == (r.stream is not None) == (r.cost is not None), r
+        assert r.takes_slots == (r.kind in GENERATION) == (r.stream is not None) == (r.cost is not None), r
         assert r.generates == (r.kind in STREAMING), r
         assert r.assembled is None or r.generates, r
         # Generation is never open without a key; "/" stays free for the status page.
@@ -117,4 +117,4 @@ def test_the_routes_the_issue_asks_for_exist() -> None:
 def test_every_row_kind_has_one_endpoint_factory_and_no_factory_is_left_over() -> None:
     """``proxy.routes.build``: generation rows go through ``Inference``; every other row's kind has its
     entry in ``ENDPOINTS`` (a missing one would fail the app's build), and no entry outlives its rows."""
-    assert {spec.kind for spec in ROUTES if not spec.admission} == set(ENDPOINTS)
+    assert {spec.kind for spec in ROUTES if not spec.takes_slots} == set(ENDPOINTS)
