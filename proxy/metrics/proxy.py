@@ -260,8 +260,8 @@ class ProxyMetrics:
         self.poison_refusals = Counter(
             "llamagate_poison_refusals",
             "Requests refused because their key cools down after poison requests (key_cooling_down) or their"
-            " body killed two children already (poison_body), by tenant, key id and reason",
-            ["tenant", "key", "reason"],
+            " body killed two children already (poison_body), by model, tenant, key id and reason",
+            ["model", "tenant", "key", "reason"],
             registry=registry,
         )
         self.cancelled = Counter(
@@ -326,8 +326,8 @@ class ProxyMetrics:
     def observe_poison(self, model: str, tenant: str, key: str) -> None:
         self._child(self.poison, model, tenant, key).inc()
 
-    def observe_poison_refusal(self, tenant: str, key: str, reason: str) -> None:
-        self._child(self.poison_refusals, tenant, key, reason).inc()
+    def observe_poison_refusal(self, model: str, tenant: str, key: str, reason: str) -> None:
+        self._child(self.poison_refusals, model, tenant, key, reason).inc()
 
     def observe_cancel(self, model: str, state: str) -> None:
         self._child(self.cancelled, model, state).inc()

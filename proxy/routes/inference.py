@@ -1,16 +1,22 @@
 """The inference routes: check, admit, forward, relay.
 
 Order matters and is cheapest-refusal first: credentials (no body read for a stranger), then, when one
-model is served, its readiness and the route's feature (503 or 404 before reading); body size and JSON;
-the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise; the
-lane is its own admission gate), an unloaded on_demand model is loaded (the wait counts toward TTFT);
-the request's own priority and queue wait (headers, ``proxy.admission.asks``: a 400 before the body is
-read), the tenant's bounds (``proxy.admission.cost``: ``n``, prompt arrays, ``id_slot``, logprobs, token cap;
-it also says how many slots the request occupies), then admission: the request, described once
-(``proxy.admission.pipeline.Ask``), enters the door's pipeline (``state.pipeline``), which takes the
-budgets (a 429 before any queue or slot), runs the optional prompt-size check (a 400 before any wait),
-then the tenant's total, its leases shared with the other replicas when there are any, and last slots
-of the lane's gate; the pipeline's steps are the door's business, not this module's. Then the child.
+model is served, its readiness and the route's feature (503 or 404 before reading); the request's own
+priority and queue wait (headers, ``proxy.admission.asks``: a 400 before the body is read); body size and
+JSON; the model the body names picks its lane (``proxy.models.router``: name or alias, 404 otherwise).
+
+1. **Check** (``_checked``): a key cooling down after poison requests, or a body that killed two children,
+   is a 429 (``proxy.admission.poison``); then the body against the route's declared schema
+   (``proxy.schema``: every field's type, range and who may send it, the tenant's bounds among them; a 400
+   naming the field, or a rewrite such as the token cap). Only then is an unloaded on_demand model loaded
+   (the wait counts toward TTFT) and the request sized (``proxy.admission.cost``: how many slots at once).
+2. **Admit**: the request, described once (``proxy.admission.pipeline.Ask``), enters the door's pipeline
+   (``state.pipeline``), one list of steps: the budgets (a 429 before any queue or slot), the optional
+   prompt-size check (a 400 before any wait), the tenant's total, its leases shared with the other
+   replicas when there are any, and last the slots of the lane's gate; the steps are the door's business,
+   not this module's.
+3. **Forward** (``_attempts``), then relay the answer.
+
 Every step that can wait (queue, first token, the stream) runs under the client watch, so a client that
 leaves releases what it held at once (not the on-demand load wait: the load is shared with other
 requests and goes on; a client that left during it is noticed at admission).
@@ -25,8 +31,9 @@ stream; ``total_s`` from arrival to the last byte. A non-streamed answer only ha
 
 A generation whose child dies (exit, liveness kill, restart) before any byte of its answer reached the
 client is admitted again, at the head of its tenant's queue, and runs once more on the next READY child
-within the same deadlines (``_attempts``, the loop around forward; only the slots are taken again, with
-``Pipeline.retake_slot``; ``proxy.routes.replay`` says when and how long it waits).
+within the same deadlines, alone with it (``_attempts``, the loop around forward; only the slots are taken
+again, with ``Pipeline.retake_slot``; ``proxy.routes.replay`` says when and how long it waits,
+``proxy.admission.poison`` why alone and what a second death means).
 
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
@@ -214,7 +221,9 @@ class Inference:
         try:
             state.poison.check(req.who.key_id, req.received)
         except Rejected as refused:
-            state.metrics.observe_poison_refusal(req.tenant.name, req.who.key_id, refused.reason)
+            state.metrics.observe_poison_refusal(
+                req.lane.name, req.tenant.name, req.who.key_id, refused.reason
+            )
             raise
         admin = "admin" in req.who.scopes
         bounds = Context(req.tenant, admin, snap.slots, snap.n_vocab)

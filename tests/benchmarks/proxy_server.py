@@ -77,9 +77,23 @@ def build_settings(args: argparse.Namespace) -> ProxySettings:
         telemetry = TelemetrySettings(endpoint=args.telemetry_endpoint, metrics_interval_s=5.0)
     if args.store:
         store = StoreSettings(args.store)
-        return ProxySettings(tenants=(tenant,), access_log=args.access_log, store=store, telemetry=telemetry)
+        return ProxySettings(
+            tenants=(tenant,),
+            access_log=args.access_log,
+            store=store,
+            telemetry=telemetry,
+            unknown_fields="pass",
+        )
     key = KeyEntry(args.key_id, args.key_digest, "bench", frozenset({"inference", "admin"}))
-    return ProxySettings(tenants=(tenant,), keys=(key,), access_log=args.access_log, telemetry=telemetry)
+    # The fake child's switches (fake_token_interval_ms...) are body fields no route declares: passed.
+    return ProxySettings(
+        tenants=(tenant,),
+        keys=(key,),
+        access_log=args.access_log,
+        telemetry=telemetry,
+        unknown_fields="pass",
+        admin_unknown_fields="pass",
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -36,7 +36,7 @@ PROXY: tuple[frozenset[str], ...] = (
     frozenset({"models", "metrics", "telemetry"}),  # which child answers; the series; OpenTelemetry
     # slots; the answer's way back; talking to the child; tenants' keys, ledger and budgets (the store);
     # limits shared with the other replicas (Redis)
-    frozenset({"admission", "streams", "upstream", "accounts", "cluster"}),
+    frozenset({"admission", "streams", "upstream", "accounts", "cluster", "schema"}),
     frozenset({"conversations"}),  # which conversation a request continues, which slot holds it
     frozenset({"proxy", "asgi", "auth", "errors", "settings", "source"}),  # helpers and the daemon's contract
 )

@@ -72,6 +72,8 @@ def exported_labels() -> dict[str, set[str]]:
     request.observe_replay("chat", "closed")
     request.observe_cancel("chat", "running")  # an operator cancelled it
     request.observe_usage("team", "chat", 8, 3, 4)  # and its usage, charged to the ledger
+    request.observe_poison("chat", "team", "0123456789ab")  # another one killed two children
+    request.observe_poison_refusal("chat", "team", "0123456789ab", "key_cooling_down")  # and its key cools
     text = asyncio.run(full_exposition()) + request.render().decode()
     for family in text_string_to_metric_families(text):
         name = family.name + ("_total" if family.type == "counter" else "")
