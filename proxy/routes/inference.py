@@ -368,13 +368,19 @@ class Inference:
                 waited = time.monotonic()
                 req.entry.queued()
                 ctx.replays.append((replay[1], time.monotonic()))
-                replayer = Replay(self.state, lane, ctx)
-                await replayer.next_child(snap, *replay, self._deadline(req, deadlines))
+                # Announced at once, before the next child is READY: nothing that was not in flight at
+                # the death is sent to that child until the replays are done.
                 quarantine.enter()
                 announced = True
+                replayer = Replay(self.state, lane, ctx)
+                await replayer.next_child(snap, *replay, self._deadline(req, deadlines))
                 permit = await self.state.pipeline.retake_slot(grant)
                 turn = await self._until(quarantine.take_turn(), deadlines, req, "its turn after a crash")
-                await replayer.serving(self._deadline(req, deadlines))  # the child may have died meanwhile
+                try:
+                    await replayer.serving(self._deadline(req, deadlines))  # it may have died meanwhile
+                except BaseException:
+                    turn.passed()
+                    raise
                 ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
         finally:
             if announced and turn is None:
