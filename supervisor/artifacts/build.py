@@ -40,7 +40,7 @@ from supervisor import __version__
 from supervisor.artifacts import cmake, tools
 from supervisor.artifacts.fetch import fetch_source
 from supervisor.artifacts.files import sha256_fresh
-from supervisor.artifacts.lock import Lock, load_lock
+from supervisor.artifacts.lock import DEFAULT_VARIANT, Lock, load_lock
 from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt, write_receipt
 from supervisor.artifacts.unpack import safe_extract
 from supervisor.errors import BuildError, DigestMismatch
@@ -73,7 +73,7 @@ def install_dir(lock: Lock, root: Path, target: str | None = None) -> Path:
 
 
 def find_installed(
-    lock_path: Path, *, cache: Path | None = None, target: str | None = None
+    lock_path: Path, *, cache: Path | None = None, target: str | None = None, variant: str = DEFAULT_VARIANT
 ) -> InstalledBinary | None:
     """The installed binary for this lock (``target``: the lock's, or one of ``tools.TOOLS``), or None.
     Never builds.
@@ -81,7 +81,7 @@ def find_installed(
     Raises DigestMismatch when the install exists but the binary no longer hashes to its receipt:
     a tampered or corrupted binary must be noticed, never served and never silently rebuilt over.
     """
-    lock = load_lock(lock_path)
+    lock = load_lock(lock_path, variant)
     return _installed(lock, cache if cache is not None else cache_root(), target or lock.target)
 
 
@@ -101,10 +101,16 @@ def _installed(lock: Lock, root: Path, target: str) -> InstalledBinary | None:
 
 
 def ensure_binary(
-    lock_path: Path, *, cache: Path | None = None, progress: Progress, target: str | None = None
+    lock_path: Path,
+    *,
+    cache: Path | None = None,
+    progress: Progress,
+    target: str | None = None,
+    variant: str = DEFAULT_VARIANT,
 ) -> InstalledBinary:
-    """The lock's llama-server (or, with ``target``, one of its tools), built on a cache miss."""
-    lock = load_lock(lock_path)
+    """The lock's llama-server (or, with ``target``, one of its tools), built on a cache miss;
+    ``variant``: which of the lock's builds (``cpu``, the default, or a ``[variant.NAME]``)."""
+    lock = load_lock(lock_path, variant)
     root = cache if cache is not None else cache_root()
     target = target or lock.target
     if target != lock.target and target not in tools.TOOLS:
@@ -173,6 +179,7 @@ def _build(lock: Lock, root: Path, progress: Progress, target: str) -> Installed
     try:
         env = cmake.build_env(work)
         toolchain = cmake.find_toolchain(env)
+        cmake.check_requires(lock, env)
         fetched = fetch_source(lock, root=root, progress=progress)
         progress.update("unpack", None, fetched.source.describe())
         safe_extract(fetched.tarball, work / "src")
@@ -181,6 +188,10 @@ def _build(lock: Lock, root: Path, progress: Progress, target: str) -> Installed
             raise BuildError(
                 f"{fetched.source.describe()}: no CMakeLists.txt under {fetched.source.subdir!r}"
             )
+        # After the tarball's sha256 check (fetch_source) and before anything is configured.
+        for patch in lock.patches:
+            progress.update("patch", None, patch.name)
+            cmake.apply_patch(patch, source_dir, env, log_path)
         build_dir = work / "build"
         args = cmake.expand_args(lock.cmake_args, source_dir, build_dir)
         if lock.target_options:
@@ -223,6 +234,8 @@ def _build(lock: Lock, root: Path, progress: Progress, target: str) -> Installed
             platform=f"{platform.system()} {platform.machine()} {platform.release()}",
             # The lock's reference digest is llama-server's; a tool has none to compare with.
             reference_match=_reference_match(lock, digest) if target == lock.target else None,
+            variant=lock.variant,
+            patches=tuple(f"{p.name} (sha256 {p.sha256})" for p in lock.patches),
         )
         write_receipt(receipt, stage / RECEIPT_NAME)
         shutil.move(log_path, stage / BUILD_LOG_NAME)

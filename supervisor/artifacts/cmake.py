@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.artifacts.lock import Lock, Patch
 from supervisor.errors import BuildError, ToolMissing
 from supervisor.progress import Progress
 from supervisor.subproc import run_streaming
@@ -82,6 +83,33 @@ def first_line(argv: list[str], env: Mapping[str, str]) -> str:
         return f"unknown ({argv[0]}: {exc})"
     lines = (out.stdout or out.stderr).strip().splitlines()
     return lines[0].strip() if lines else "unknown"
+
+
+def check_requires(lock: Lock, env: Mapping[str, str]) -> None:
+    """The programs a variant's build runs (``requires``), before anything is fetched: a host without
+    them (a CUDA variant where there is no nvcc) is refused at once with what to install."""
+    missing = [tool for tool in lock.requires if shutil.which(tool, path=env.get("PATH", "")) is None]
+    if missing:
+        packages = f" (Debian packages: {' '.join(lock.packages)})" if lock.packages else ""
+        raise ToolMissing(
+            f"build variant {lock.variant!r} needs {', '.join(missing)} on PATH, and this host has none: "
+            f"install it{packages}, or build another variant ({', '.join(lock.variants)})"
+        )
+
+
+def apply_patch(patch: Patch, source_dir: Path, env: Mapping[str, str], log_path: Path) -> None:
+    """Apply one of the lock's patches with ``patch -p1``, exactly: no fuzz, no reversed or already
+    applied hunks, so a source that moved under the patch fails here instead of building something
+    else. The diff is written beside the source tree (never inside it, where cmake would see it)."""
+    tool = shutil.which("patch", path=env.get("PATH", ""))
+    if tool is None:
+        raise ToolMissing("patch not found on PATH: install it (Debian/Ubuntu: apt-get install patch)")
+    diff = source_dir.parent / f"llamagate-{patch.sha256[:16]}.patch"
+    diff.write_text(patch.text, encoding="utf-8")
+    argv = [tool, "-p1", "--forward", "--batch", "--fuzz=0", "-d", str(source_dir), "-i", str(diff)]
+    result = run_streaming(argv, env=env, log_path=log_path)
+    if result.returncode != 0:
+        raise BuildError(_failure(f"patch {patch.name!r}", result.returncode, result.tail, log_path))
 
 
 def expand_args(args: tuple[str, ...], source_dir: Path, build_dir: Path) -> list[str]:

@@ -9,6 +9,13 @@ that goes INTO a build (format, commit, version line, sources, cmake arguments, 
 target), so comments and layout do not trigger a rebuild. The ``[reference]`` table is left out on
 purpose: it records an outcome (the binary digest seen on a reference toolchain), and filling it in
 after a build must not invalidate the binary it describes.
+
+Build variants: the tables above describe the default build (``cpu``). Each ``[variant.NAME]`` adds
+cmake arguments, source patches (pinned by sha256, applied after the source's own sha256 check), the
+programs the build needs on PATH and the Debian packages that bring them, and its own reference digest.
+A variant's digest is the default build's inputs plus its own table, so each variant has its own cache
+entry; the default build's digest leaves every ``[variant.*]`` table out, so declaring a variant never
+rebuilds the CPU binary.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +44,12 @@ _TARGET = re.compile(r"[A-Za-z0-9_.+-]+")
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 _UNSAFE_OPTION = re.compile(r"[\s\]\[;$\\\"]")
 
-_TOP_KEYS = {"format", "llama_cpp", "build", "source", "reference"}
+DEFAULT_VARIANT = "cpu"
+_TOP_KEYS = {"format", "llama_cpp", "build", "source", "reference", "variant"}
+_VARIANT_KEYS = {"description", "cmake_args", "patch", "requires", "packages", "reference"}
+_PATCH_KEYS = {"name", "sha256", "text"}
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]*")
 _LLAMA_KEYS = {"commit", "version_line"}
 _BUILD_KEYS = {"target", "cmake_args", "target_options"}
 _REFERENCE_KEYS = {"binary_sha256", "toolchain"}
@@ -77,6 +89,29 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Patch:
+    """A change to the unpacked source, as a unified diff (``patch -p1``) kept in the lock itself, so the
+    lock stays one self-contained file wherever it is copied (the package, a container, ``--lock``)."""
+
+    name: str
+    sha256: str  # of ``text`` (UTF-8): a lock edited by accident fails to load instead of building
+    text: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a ``[variant.NAME]`` table adds to the default build."""
+
+    name: str
+    description: str
+    cmake_args: tuple[str, ...]  # appended to build.cmake_args
+    patches: tuple[Patch, ...]
+    requires: tuple[str, ...]  # programs the build runs, checked on PATH before anything is fetched
+    packages: tuple[str, ...]  # the Debian packages that bring them (and the headers and libraries)
+    reference: Reference | None
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     format: int
@@ -90,34 +125,65 @@ class Lock:
     # cmake target -> compile options appended after the build type's (``build.target_options``):
     # applied by a generated CMake file (``artifacts.cmake.target_options_script``).
     target_options: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The build this Lock describes: ``cpu`` (the tables above) or a ``[variant.NAME]`` merged in.
+    variant: str = DEFAULT_VARIANT
+    patches: tuple[Patch, ...] = ()
+    requires: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+    variants: tuple[str, ...] = (DEFAULT_VARIANT,)  # every build the lock declares, the default first
 
 
-def load_lock(path: Path) -> Lock:
+def load_lock(path: Path, variant: str = DEFAULT_VARIANT) -> Lock:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LockError(f"{path}: lock file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise LockError(f"{path}: cannot read lock file: {exc}") from None
-    return parse_lock(text, path)
+    return parse_lock(text, path, variant)
 
 
-def parse_lock(text: str, path: Path) -> Lock:
+def parse_lock(text: str, path: Path, variant: str = DEFAULT_VARIANT) -> Lock:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockError(f"{path}: not valid TOML: {exc}") from None
     problems: list[str] = []
     lock = _validate(raw, path, problems)
+    variants = _variants(raw.get("variant"), problems)
     if problems or lock is None:
         lines = "\n".join(f"  {p}" for p in problems)
         raise LockError(f"{path}: {len(problems)} problem(s):\n{lines}")
-    return lock
+    names = (DEFAULT_VARIANT, *(v.name for v in variants))
+    if variant == DEFAULT_VARIANT:
+        return replace(lock, variants=names)
+    chosen = next((v for v in variants if v.name == variant), None)
+    if chosen is None:
+        raise LockError(f"{path}: no build variant {variant!r} (this lock declares: {', '.join(names)})")
+    return replace(
+        lock,
+        variant=chosen.name,
+        cmake_args=lock.cmake_args + chosen.cmake_args,
+        patches=chosen.patches,
+        requires=chosen.requires,
+        packages=chosen.packages,
+        reference=chosen.reference,
+        digest=lock_digest(raw, chosen.name),
+        variants=names,
+    )
 
 
-def lock_digest(raw: Mapping[str, Any]) -> str:
-    """sha256 of the build inputs in canonical JSON (sorted keys, no whitespace, UTF-8)."""
-    inputs = {k: v for k, v in raw.items() if k != "reference"}
+def lock_digest(raw: Mapping[str, Any], variant: str = DEFAULT_VARIANT) -> str:
+    """sha256 of the build inputs in canonical JSON (sorted keys, no whitespace, UTF-8).
+
+    The default build's inputs are every table but ``reference`` and ``variant`` (so its digest is the
+    one it had before variants existed); a variant's are those plus its own table, less its reference
+    and description, under the key ``variant`` with its name."""
+    inputs: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("reference", "variant")}
+    if variant != DEFAULT_VARIANT:
+        table = raw["variant"][variant]
+        own = {k: v for k, v in table.items() if k not in ("reference", "description")}
+        inputs["variant"] = {"name": variant, **own}
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -213,16 +279,16 @@ def _sha256(table: Mapping[str, Any], key: str, where: str, problems: list[str])
     return value
 
 
-def _cmake_args(value: Any, problems: list[str]) -> tuple[str, ...]:
+def _cmake_args(value: Any, problems: list[str], prefix: str = "build") -> tuple[str, ...]:
     if value is None:
-        problems.append("build.cmake_args: missing")
+        problems.append(f"{prefix}.cmake_args: missing")
         return ()
     if not isinstance(value, list):
-        problems.append("build.cmake_args: must be a list of strings")
+        problems.append(f"{prefix}.cmake_args: must be a list of strings")
         return ()
     args: list[str] = []
     for i, arg in enumerate(value):
-        where = f"build.cmake_args[{i}]"
+        where = f"{prefix}.cmake_args[{i}]"
         if not isinstance(arg, str) or not arg:
             problems.append(f"{where}: must be a non-empty string")
             continue
@@ -316,15 +382,79 @@ def _source_of_kind(
     return Source(kind=kind, sha256=sha256, subdir=subdir, path=resolved)
 
 
-def _reference(value: Any, problems: list[str]) -> Reference | None:
+def _reference(value: Any, problems: list[str], where: str = "reference") -> Reference | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        problems.append("reference: must be a table [reference]")
+        problems.append(f"{where}: must be a table [{where}]")
         return None
-    _unknown(value, _REFERENCE_KEYS, "reference.", problems)
-    sha256 = _sha256(value, "binary_sha256", "reference.binary_sha256", problems)
-    toolchain = _string(value, "toolchain", "reference.toolchain", problems)
+    _unknown(value, _REFERENCE_KEYS, f"{where}.", problems)
+    sha256 = _sha256(value, "binary_sha256", f"{where}.binary_sha256", problems)
+    toolchain = _string(value, "toolchain", f"{where}.toolchain", problems)
     if not sha256 or not toolchain:
         return None
     return Reference(binary_sha256=sha256, toolchain=toolchain)
+
+
+def _variants(value: Any, problems: list[str]) -> tuple[Variant, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        problems.append("variant: must be tables [variant.NAME]")
+        return ()
+    out: list[Variant] = []
+    for name, table in value.items():
+        where = f"variant.{name}"
+        if name == DEFAULT_VARIANT or not _NAME.fullmatch(name):
+            problems.append(
+                f"{where}: a variant's name is lowercase letters, digits, '-', '_' and not "
+                f"{DEFAULT_VARIANT!r} (the tables above are that build)"
+            )
+            continue
+        if not isinstance(table, dict):
+            problems.append(f"{where}: must be a table [{where}]")
+            continue
+        before = len(problems)
+        _unknown(table, _VARIANT_KEYS, f"{where}.", problems)
+        description = _string(table, "description", f"{where}.description", problems)
+        args = _cmake_args(table.get("cmake_args"), problems, where)
+        requires = _words(table.get("requires", []), f"{where}.requires", _TARGET, problems)
+        packages = _words(table.get("packages", []), f"{where}.packages", _PACKAGE, problems)
+        patches = _patches(table.get("patch", []), where, problems)
+        reference = _reference(table.get("reference"), problems, f"{where}.reference")
+        if len(problems) == before:
+            out.append(Variant(name, description, args, patches, requires, packages, reference))
+    return tuple(out)
+
+
+def _words(value: Any, where: str, shape: re.Pattern[str], problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and shape.fullmatch(v) for v in value):
+        problems.append(f"{where}: must be a list of names")
+        return ()
+    return tuple(value)
+
+
+def _patches(value: Any, where: str, problems: list[str]) -> tuple[Patch, ...]:
+    if not isinstance(value, list):
+        problems.append(f"{where}.patch: must be [[{where}.patch]] tables")
+        return ()
+    out: list[Patch] = []
+    for i, item in enumerate(value):
+        at = f"{where}.patch[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{at}: must be a table")
+            continue
+        before = len(problems)
+        _unknown(item, _PATCH_KEYS, f"{at}.", problems)
+        name = _string(item, "name", f"{at}.name", problems)
+        sha256 = _sha256(item, "sha256", f"{at}.sha256", problems)
+        text = _string(item, "text", f"{at}.text", problems)
+        if text and not text.startswith("--- a/"):
+            problems.append(f"{at}.text: must be a unified diff of the source tree (starting '--- a/')")
+        if text and sha256:
+            found = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            if found != sha256:
+                problems.append(f"{at}.text: sha256 is {found}, the lock pins {sha256}")
+        if len(problems) == before:
+            out.append(Patch(name, sha256, text))
+    return tuple(out)

@@ -18,6 +18,7 @@ from supervisor.paths import new_file_mode
 
 RECEIPT_FORMAT = 1
 RECEIPT_NAME = "receipt.json"
+_OPTIONAL = {"receipt_format", "variant", "patches"}
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,15 @@ class Receipt:
     # None when the lock names no reference digest; False is a warning, never a failure.
     reference_match: bool | None
     receipt_format: int = RECEIPT_FORMAT
+    # Receipts written before build variants existed have neither: they are the default build's.
+    variant: str = "cpu"
+    patches: tuple[str, ...] = ()  # "name (sha256 ...)" of each patch applied to the verified source
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["cmake_args"] = list(self.cmake_args)
         out["compilers"] = list(self.compilers)
+        out["patches"] = list(self.patches)
         return out
 
 
@@ -59,7 +64,7 @@ def read_receipt(path: Path) -> Receipt:
     if not isinstance(raw, dict):
         raise CheckFailed(f"build receipt malformed: {path}: not a JSON object")
     names = {f.name for f in fields(Receipt)}
-    missing = sorted(names - raw.keys() - {"receipt_format"})
+    missing = sorted(names - raw.keys() - _OPTIONAL)
     unknown = sorted(raw.keys() - names)
     if missing or unknown:
         raise CheckFailed(f"build receipt malformed: {path}: missing {missing}, unknown {unknown}")
@@ -68,6 +73,7 @@ def read_receipt(path: Path) -> Receipt:
     try:
         raw["cmake_args"] = tuple(str(a) for a in raw["cmake_args"])
         raw["compilers"] = tuple(str(c) for c in raw["compilers"])
+        raw["patches"] = tuple(str(p) for p in raw.get("patches", ()))
         return Receipt(**raw)
     except TypeError as exc:
         raise CheckFailed(f"build receipt malformed: {path}: {exc}") from None

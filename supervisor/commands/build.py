@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from supervisor.artifacts.build import InstalledBinary, ensure_binary
-from supervisor.artifacts.lock import load_lock
+from supervisor.artifacts.lock import DEFAULT_VARIANT, load_lock
 from supervisor.artifacts.tools import TOOLS
 from supervisor.interrupts import sigterm_as_interrupt
 from supervisor.paths import default_lock_path
@@ -27,6 +27,15 @@ def add_lock_and_cache(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_variant(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--variant",
+        default=DEFAULT_VARIANT,
+        metavar="NAME",
+        help="which of the lock's builds: cpu (default) or a [variant.NAME] table, e.g. vulkan",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "build",
@@ -36,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "check failed, 2 bad lock or usage.",
     )
     add_lock_and_cache(parser)
+    add_variant(parser)
     parser.add_argument("--print-digest", action="store_true", help="print the lock's digest and exit")
     parser.add_argument(
         "--target",
@@ -57,6 +67,7 @@ def identity_lines(installed: InstalledBinary) -> list[str]:
     version = r.version_output.splitlines()[0] if r.version_output else "?"
     return [
         f"  llama.cpp commit: {r.llama_cpp_commit}",
+        f"  variant:          {r.variant}" + "".join(f"\n  patch:            {p}" for p in r.patches),
         f"  version:          {version}",
         f"  binary sha256:    {r.binary_sha256}",
         f"  lock digest:      {r.lock_digest}",
@@ -69,11 +80,13 @@ def identity_lines(installed: InstalledBinary) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     lock_path: Path = args.lock or default_lock_path()
     if args.print_digest:
-        print(load_lock(lock_path).digest)
+        print(load_lock(lock_path, args.variant).digest)
         return 0
     interruptible()
     started = time.monotonic()
-    installed = ensure_binary(lock_path, cache=args.cache, progress=ConsoleProgress(), target=args.target)
+    installed = ensure_binary(
+        lock_path, cache=args.cache, progress=ConsoleProgress(), target=args.target, variant=args.variant
+    )
     elapsed = time.monotonic() - started
     if args.json:
         print(

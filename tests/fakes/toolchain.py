@@ -134,6 +134,7 @@ bindir = Path(sys.argv[0]).parent
     f"CMAKE_C_COMPILER:FILEPATH={bindir / 'cc'}\nCMAKE_CXX_COMPILER:FILEPATH={bindir / 'c++'}\n"
 )
 print("-- fake cmake args: " + json.dumps(args), flush=True)
+print("-- fake source: " + (src / "CMakeLists.txt").read_text().splitlines()[0], flush=True)
 print("-- Configuring done", flush=True)
 """
 

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import hashlib
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from supervisor.artifacts.lock import load_lock, parse_lock
+from supervisor.artifacts.lock import load_lock, lock_digest, parse_lock
 from supervisor.errors import LockError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,3 +155,70 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 def test_missing_lock_file_is_a_lock_error(tmp_path: Path) -> None:
     with pytest.raises(LockError, match="lock file not found"):
         load_lock(tmp_path / "nope.lock")
+
+
+PATCH = "--- a/x.c\n+++ b/x.c\n@@ -1 +1 @@\n-a\n+b\n"
+
+
+def _variant(patch: str = PATCH, sha: str | None = None, extra: str = "") -> str:
+    sha = sha or hashlib.sha256(patch.encode()).hexdigest()
+    return (
+        f'\n[variant.gpu]\ndescription = "d"\ncmake_args = ["-DGGML_VULKAN=ON"]\n{extra}'
+        f"\n[[variant.gpu.patch]]\nname = \"p\"\nsha256 = \"{sha}\"\ntext = '''\n{patch}'''\n"
+    )
+
+
+def test_a_variant_adds_its_args_and_patches_and_has_its_own_digest(tmp_path: Path) -> None:
+    text = GOOD + _variant()
+    cpu = parse_lock(text, tmp_path / "l")
+    gpu = parse_lock(text, tmp_path / "l", "gpu")
+    assert cpu.variants == gpu.variants == ("cpu", "gpu")
+    assert cpu.digest == parse_lock(GOOD, tmp_path / "l").digest  # the tables leave the default's digest
+    assert cpu.variant == "cpu" and cpu.patches == () and "-DGGML_VULKAN=ON" not in cpu.cmake_args
+    assert gpu.variant == "gpu" and gpu.cmake_args == (*cpu.cmake_args, "-DGGML_VULKAN=ON")
+    assert [p.text for p in gpu.patches] == [PATCH] and gpu.digest != cpu.digest
+    # The patch and the variant's args are build inputs; its description and reference are not.
+    other = PATCH.replace("+b", "+c")
+    assert parse_lock(GOOD + _variant(other), tmp_path / "l", "gpu").digest != gpu.digest
+    ref = f'[variant.gpu.reference]\nbinary_sha256 = "{SHA}"\ntoolchain = "t"\n'
+    noted = parse_lock(GOOD + _variant(extra=ref).replace('"d"', '"e"'), tmp_path / "l", "gpu")
+    assert noted.digest == gpu.digest and noted.reference is not None and noted.reference.toolchain == "t"
+
+
+def test_the_shipped_variants_leave_the_cpu_digest_as_it_was() -> None:
+    raw = tomllib.loads((REPO / "llama-build.lock").read_text())
+    assert set(raw["variant"]) == {"vulkan", "cuda"}
+    without = {k: v for k, v in raw.items() if k != "variant"}
+    assert load_lock(REPO / "llama-build.lock").digest == lock_digest(without)
+    vulkan = load_lock(REPO / "llama-build.lock", "vulkan")
+    assert "-DGGML_VULKAN=ON" in vulkan.cmake_args and vulkan.requires == ("glslc",)
+    assert [p.name for p in vulkan.patches] == ["ggml-vulkan: build without VK_EXT_layer_settings"]
+    assert load_lock(REPO / "llama-build.lock", "cuda").requires == ("nvcc",)
+
+
+BAD_VARIANTS = [
+    (_variant(sha="0" * 64), "variant.gpu.patch[0].text: sha256 is"),
+    (_variant("diff x\n"), "variant.gpu.patch[0].text: must be a unified diff"),
+    (
+        _variant().replace("[variant.gpu]", "[variant.cpu]").replace("variant.gpu.", "variant.cpu."),
+        "variant.cpu:",
+    ),
+    (_variant(extra="jobs = 2\n"), "variant.gpu.jobs: unknown key"),
+    (_variant(extra='requires = ["a b"]\n'), "variant.gpu.requires: must be a list of names"),
+    (
+        _variant().replace('cmake_args = ["-DGGML_VULKAN=ON"]', 'cmake_args = ["-S/x"]'),
+        "variant.gpu.cmake_args[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_VARIANTS, ids=[m for _, m in BAD_VARIANTS])
+def test_bad_variant_is_refused_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(LockError) as info:
+        parse_lock(GOOD + text, tmp_path / "llama-build.lock")
+    assert message in str(info.value)
+
+
+def test_an_undeclared_variant_is_refused_naming_the_declared_ones(tmp_path: Path) -> None:
+    with pytest.raises(LockError, match=r"no build variant 'metal' \(this lock declares: cpu, gpu\)"):
+        parse_lock(GOOD + _variant(), tmp_path / "l", "metal")
