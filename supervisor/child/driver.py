@@ -251,12 +251,12 @@ class ChildSupervisor:
             base_url=child.base_url if live and child else None,
             secret=child.secret if live and child else None,
             model_alias=spec.alias,
-            slots=spec.slots,
-            ctx_per_slot=spec.ctx_per_slot,
+            slots=spec.llama.slots,
+            ctx_per_slot=spec.llama.ctx_per_slot,
             generation=m.generation,
             retry_after_s=self._retry_after(),
-            embeddings=spec.embeddings,
-            reranking=spec.reranking,
+            embeddings=spec.llama.embeddings,
+            reranking=spec.llama.reranking,
             info=self._public_status(),
             n_vocab=self.n_vocab,
             **self._load_view(),
@@ -589,7 +589,7 @@ class ChildSupervisor:
         line = child.scrub(text) if text else None
         if not line:
             return
-        if not is_noise(line, gpu_layers=child.spec.gpu_layers):
+        if not is_noise(line, gpu_layers=child.spec.llama.gpu_layers):
             self.tail.append(line)
         # DEBUG noise unless they report an error.
         self.child_log.log(
@@ -605,7 +605,7 @@ class ChildSupervisor:
                 child.base_url,
                 child.secret,
                 alias=child.spec.alias,
-                ctx_per_slot=child.spec.ctx_per_slot,
+                ctx_per_slot=child.spec.llama.ctx_per_slot,
                 wake=child.output_seen,
                 # Straight onto the load's record, not through the queue: it is what the snapshot shows,
                 # nothing the machine decides on, and this task runs on the same loop.

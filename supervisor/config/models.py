@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from supervisor.config.schema import Config, ModelConfig, ServedModelConfig
-from supervisor.launch.knobs import KNOBS
-
-# Fields of a models[] entry that override the llama: section's field of the same name when not null.
-_INHERITED = tuple(k.name for k in KNOBS if k.per_model)
+from supervisor.config.schema import Config, ModelConfig, ServedModelConfig, overrides
 
 
 @dataclass(frozen=True)
@@ -45,9 +41,8 @@ def served_models(cfg: Config) -> tuple[ServedModel, ...]:
 
 
 def _one(cfg: Config, entry: ServedModelConfig) -> ServedModel:
-    overrides = {f: getattr(entry, f) for f in _INHERITED if getattr(entry, f) is not None}
     model = ModelConfig(path=entry.path, sha256=entry.sha256, alias=entry.name)
-    llama = replace(cfg.llama, model=model, **overrides)
+    llama = replace(cfg.llama, model=model, **overrides(entry))
     # The child knows one alias (its name); the proxy maps the other names to it.
     one = replace(cfg, llama=llama, models=(), proxy=replace(cfg.proxy, model_aliases=entry.aliases))
     idle = entry.idle_unload_s if entry.residency == "on_demand" else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections import Counter
 
-from supervisor.config.schema import Config
+from supervisor.config.schema import Config, overrides
 from supervisor.launch.flags import refused_extra_args
 
 
@@ -45,7 +45,7 @@ def _models(cfg: Config) -> list[str]:
             out.append(f"{where}.sha256: required when {where}.path is set (the file is verified)")
         if m.path is None and m.sha256 is not None:
             out.append(f"{where}.sha256: only with {where}.path (the demo model's digest is pinned)")
-        for j, flag, reason in refused_extra_args(m.extra_args or ()):
+        for j, flag, reason in refused_extra_args(overrides(m).get("extra_args", ())):
             out.append(f"{where}.extra_args[{j}]: {flag} is not allowed: {reason}")
     if cfg.models and cfg.proxy.model_aliases:
         out.append("proxy.model_aliases: with models:, give each model its own aliases (models[].aliases)")

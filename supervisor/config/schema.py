@@ -13,13 +13,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NewType
+from typing import Any, Literal, NewType, TypeVar, dataclass_transform
 
 from proxy.settings import DEFAULT_PRIORITY
 from supervisor.checks import Check, at_least, multiple_of_256, positive
-from supervisor.launch.knobs import KNOBS, CacheType, NameOrPath
+from supervisor.launch.knobs import KNOBS, CacheType, LlamaKnobs, NameOrPath
 
 __all__ = ["CacheType", "Check", "NameOrPath", "at_least", "multiple_of_256", "positive"]
 
@@ -196,7 +196,10 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class _LlamaBase:
+class LlamaConfig(LlamaKnobs):
+    """The ``llama:`` section: llama-server's knobs (``launch/knobs.py``, one field each) and what the
+    child runs: the binary (built from the lock, or named) and the model."""
+
     lock: Path | None = setting(
         None, "llama-build.lock to build from; null = the checkout's or packaged lock"
     )
@@ -205,8 +208,28 @@ class _LlamaBase:
     model: ModelConfig = section(ModelConfig, "the served model")
 
 
-@dataclass(frozen=True)
-class _ServedModelBase:
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def _with_overrides(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass of ``cls``'s fields plus one per knob a ``models[]`` entry may set
+    (``Row.per_model``): that model's value, null meaning the ``llama:`` section's. The type checker
+    sees only the fields written in ``cls``; code reads the overrides through ``overrides()``."""
+    for k in KNOBS:
+        if k.per_model:
+            cls.__annotations__[k.name] = k.type | None
+            setattr(
+                cls, k.name, setting(None, f"this model's llama.{k.name}; null = llama.{k.name}", k.check)
+            )
+    return dataclass(frozen=True)(cls)
+
+
+@_with_overrides
+class ServedModelConfig:
+    """One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
+    also names the binary every child runs."""
+
     name: str = setting("", "model id clients send in 'model' (the child's --alias); required", NAME)
     aliases: tuple[str, ...] = setting((), "other names accepted for this model")
     path: Path | None = setting(None, "GGUF file; null = the demo model, fetched into the cache")
@@ -227,54 +250,10 @@ class _ServedModelBase:
     )
 
 
-def _with_knobs(name: str, base: type, per_model: bool) -> type:
-    """``base`` plus a field per llama-server knob (``launch/knobs.py``): the knob's own field for the
-    ``llama:`` section; for a ``models[]`` entry, each knob a model may set, null meaning inherit."""
-    fields: list[tuple[str, Any, Any]] = []
-    for k in KNOBS:
-        if not per_model:
-            fields.append((k.name, k.type, setting(k.default, k.doc, k.check)))
-        elif k.per_model:
-            doc = f"this model's llama.{k.name}; null = llama.{k.name}"
-            fields.append((k.name, k.type | None, setting(None, doc, k.check)))
-    cls = make_dataclass(name, fields, bases=(base,), frozen=True)
-    cls.__module__, cls.__doc__ = __name__, base.__doc__  # (make_dataclass's module= is 3.12's)
-    return cls
-
-
-if TYPE_CHECKING:
-
-    class LlamaConfig(_LlamaBase):
-        """The type checker's view: the knobs code reads by name (held to ``KNOBS`` by a test)."""
-
-        threads: int | None
-        threads_batch: int | None
-        slots: int
-        ctx_per_slot: int
-        gpu_layers: int
-        embeddings: bool
-        reranking: bool
-        cache_type_k: CacheType
-        cache_type_v: CacheType
-        prompt_cache_mib: int
-        ctx_checkpoints: int
-        extra_args: tuple[str, ...]
-        chat_template: NameOrPath | None
-
-        def __init__(self, **values: Any) -> None: ...
-
-    class ServedModelConfig(_ServedModelBase):
-        """The type checker's view: the fields ``config/models.py`` and the rules read by name."""
-
-        extra_args: tuple[str, ...] | None
-
-        def __init__(self, **values: Any) -> None: ...
-
-else:
-    LlamaConfig = _with_knobs("LlamaConfig", _LlamaBase, per_model=False)
-    # One entry of ``models:``. Unset (null) llama settings come from the ``llama:`` section, which
-    # also names the binary every child runs.
-    ServedModelConfig = _with_knobs("ServedModelConfig", _ServedModelBase, per_model=True)
+def overrides(entry: ServedModelConfig) -> dict[str, Any]:
+    """The knobs a ``models[]`` entry sets (not null), by name."""
+    values = {k.name: getattr(entry, k.name) for k in KNOBS if k.per_model}
+    return {name: v for name, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True)

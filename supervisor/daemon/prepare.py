@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -24,7 +24,7 @@ from supervisor.config.schema import Config
 from supervisor.daemon.identity import host_identity, served_identity
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
 from supervisor.launch.flags import LaunchSpec, budget_flags
-from supervisor.launch.knobs import KNOBS
+from supervisor.launch.knobs import KNOBS, NameOrPath
 from supervisor.paths import default_lock_path
 from supervisor.progress import Progress
 
@@ -179,14 +179,17 @@ def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
     """Every knob as the llama: section sets it, with the two that default to the host resolved and
     the demo model's template chosen."""
     llama = cfg.llama
-    values = {k.name: getattr(llama, k.name) for k in KNOBS}
-    values["threads"] = llama.threads or default_threads()
-    values["threads_batch"] = llama.threads_batch or values["threads"]
-    values["chat_template"] = chat_template_for(cfg)
-    return LaunchSpec(binary.path, model.path, llama.model.alias, 0, **values)
+    threads = llama.threads or default_threads()
+    resolved = replace(
+        llama,
+        threads=threads,
+        threads_batch=llama.threads_batch or threads,
+        chat_template=chat_template_for(cfg),
+    )
+    return LaunchSpec(binary.path, model.path, llama.model.alias, 0, resolved)
 
 
-def chat_template_for(cfg: Config) -> str | None:
+def chat_template_for(cfg: Config) -> NameOrPath | None:
     """The configured template; unset, a demo model whose GGUF has none (Gemma 3: llama-server would fall
     back to ChatML and answer with ``<|im_end|>`` debris) gets its own family's format. A demo model is
     recognised by its pinned digest, wherever a config puts the file; no path is the default demo model."""
@@ -194,7 +197,7 @@ def chat_template_for(cfg: Config) -> str | None:
     if llama.chat_template is not None:
         return llama.chat_template
     demo = DEFAULT_DEMO if llama.model.path is None else demo_for_digest(llama.model.sha256)
-    return demo.chat_template if demo is not None else None
+    return NameOrPath(demo.chat_template) if demo is not None and demo.chat_template else None
 
 
 def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:
@@ -216,7 +219,7 @@ def serving_record(spec: LaunchSpec) -> dict[str, object]:
     record: dict[str, object] = {}
     for k in KNOBS:
         if k.identity:
-            value = getattr(spec, k.name)
+            value = getattr(spec.llama, k.name)
             record[k.name] = list(value) if isinstance(value, tuple) else value
     return record
 

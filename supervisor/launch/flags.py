@@ -1,63 +1,52 @@
 """The child's argv and environment, from one declarative table.
 
-Every flag the supervisor sets is a row of ``FLAGS``: its spellings (the first is what we pass; all of
-them are refused in ``llama.extra_args``) and how its value comes from the ``LaunchSpec``. The rows
-every child has are here; the knobs' rows, and the spec's fields, come from ``knobs.KNOBS``. Flags we
-never pass but that would undo a guarantee are in ``REFUSED`` with the reason, so config validation
-can say why. Everything is explicit because llama-server's own defaults ("auto" slots, auto GPU
-layers, the web UI) are not what a supervised service wants.
+Every flag the supervisor sets is a row: its spellings (the first is what we pass; all of them are
+refused in ``llama.extra_args``) and how its value comes from the ``LaunchSpec``. The rows every child
+has are ``FLAGS``; the knobs' rows (``KNOB_FLAGS``) come from ``knobs.KNOBS`` and read the spec's
+resolved knobs (``spec.llama``). Flags we never pass but that would undo a guarantee are in
+``REFUSED`` with the reason, so config validation can say why. Everything is explicit because
+llama-server's own defaults ("auto" slots, auto GPU layers, the web UI) are not what a supervised
+service wants.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
-from supervisor.launch import knobs
-from supervisor.launch.knobs import Flag
+from supervisor.launch.knobs import KNOBS, Flag, LlamaKnobs
 
 # Only the child's loopback address: the proxy is the only door.
 CHILD_HOST = "127.0.0.1"
 
 
-if TYPE_CHECKING:
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One child's launch: what every child has, and its knobs as ``prepare.launch_spec`` resolved them
+    (threads and threads_batch set from the host, the demo model's chat template chosen)."""
 
-    class LaunchSpec:
-        """What the type checker knows of the spec: the fixed fields and the knobs code reads by name
-        (tests/unit/test_knobs.py holds these to ``KNOBS``). At run time it is built from the table."""
+    binary: Path
+    model: Path
+    alias: str
+    port: int  # 0: the driver picks a free one per boot
+    llama: LlamaKnobs
 
-        __dataclass_fields__: ClassVar[dict[str, Any]]
-        binary: Path
-        model: Path
-        alias: str
-        port: int
-        threads: int
-        threads_batch: int
-        slots: int
-        ctx_per_slot: int
-        gpu_layers: int
-        embeddings: bool
-        reranking: bool
-        extra_args: tuple[str, ...]
-        chat_template: str | None
+    def __post_init__(self) -> None:
+        if self.llama.threads is None or self.llama.threads_batch is None:
+            raise ValueError("a LaunchSpec's threads and threads_batch are resolved (prepare.launch_spec)")
 
-        def __init__(self, binary: Path, model: Path, alias: str, port: int, *a: Any, **kw: Any) -> None: ...
+    def with_llama(self, **changes: Any) -> LaunchSpec:
+        """This spec with some knobs changed."""
+        return replace(self, llama=replace(self.llama, **changes))
 
-else:
-    # One field per knob, in the table's order, after what every child has: threads, threads_batch,
-    # slots, ctx_per_slot stay the first four (callers pass them by position). prepare.launch_spec
-    # fills it from the llama: section with threads resolved and the demo model's template chosen.
-    LaunchSpec = make_dataclass(
-        "LaunchSpec",
-        [("binary", Path), ("model", Path), ("alias", str), ("port", int)]
-        + [(k.name, k.type, field(default=k.default)) for k in knobs.KNOBS],
-        frozen=True,
-    )
-    LaunchSpec.__module__ = __name__
+    @property
+    def threads(self) -> int:
+        return self.llama.threads or 1  # never None (__post_init__); "or" only tells the type checker
 
-FLAGS: tuple[Flag, ...] = (
+
+FLAGS: tuple[Flag[LaunchSpec], ...] = (
     # Always -m: without it llama-server starts in router mode instead of failing.
     Flag(("-m", "--model"), lambda s: str(s.model)),
     Flag(("--host",), lambda s: CHILD_HOST),
@@ -70,8 +59,9 @@ FLAGS: tuple[Flag, ...] = (
     # state it replaces is saved there), and idle slots are not copied to it on every new task.
     Flag(("-sps", "--slot-prompt-similarity"), lambda s: "1.0"),
     Flag(("--no-cache-idle-slots", "--cache-idle-slots"), lambda s: True),
-    *(flag for k in knobs.KNOBS for flag in k.flags()),
 )
+# The knobs' own rows, in the table's order, after the rows every child has.
+KNOB_FLAGS: tuple[Flag[LlamaKnobs], ...] = tuple(flag for k in KNOBS for flag in k.flags())
 
 _VIA_ENV = "the per-boot secret travels in LLAMA_API_KEY, never in argv (visible to every user in ps)"
 _MODEL = "the model is the verified local file in llama.model.path"
@@ -114,7 +104,8 @@ REFUSED: dict[str, str] = {
 
 def owned_flags() -> dict[str, str]:
     """Every spelling refused in ``extra_args``, with the reason."""
-    out = {name: "set by the supervisor from the config" for flag in FLAGS for name in flag.names}
+    rows: list[Flag[LaunchSpec] | Flag[LlamaKnobs]] = [*FLAGS, *KNOB_FLAGS]
+    out = {name: "set by the supervisor from the config" for flag in rows for name in flag.names}
     out.update(REFUSED)
     return out
 
@@ -147,14 +138,15 @@ def budget_flags(extra: tuple[str, ...], default_ubatch: int = 512) -> tuple[boo
 
 def build_argv(spec: LaunchSpec) -> list[str]:
     argv = [str(spec.binary)]
-    for flag in FLAGS:
-        value = flag.value(spec)
+    values = [(f.names[0], f.value(spec)) for f in FLAGS]
+    values += [(f.names[0], f.value(spec.llama)) for f in KNOB_FLAGS]
+    for name, value in values:
         if value is None or value is False:
             continue
-        argv.append(flag.names[0])
+        argv.append(name)
         if value is not True:
             argv.append(value)
-    argv.extend(spec.extra_args)
+    argv.extend(spec.llama.extra_args)
     return argv
 
 

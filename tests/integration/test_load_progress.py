@@ -19,6 +19,7 @@ from supervisor.child.machine import State
 from supervisor.child.restart import Policy
 from supervisor.child.spawn import RealChild, RealOs
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import LlamaKnobs
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,13 @@ def check_one_load(seen: list[UpstreamSnapshot]) -> list[float]:
 async def test_progress_rises_to_one_before_ready_and_the_next_load_has_an_estimate(
     tmp_path: Path, llama_server_binary: Path, demo_model: Path
 ) -> None:
-    spec = LaunchSpec(llama_server_binary, demo_model, "smollm2-135m-instruct", 0, 2, 2, 2, 4096)
+    spec = LaunchSpec(
+        llama_server_binary,
+        demo_model,
+        "smollm2-135m-instruct",
+        0,
+        LlamaKnobs(threads=2, threads_batch=2, slots=2, ctx_per_slot=4096),
+    )
     os_ = RecordingOs()
     probes = ProbesThatLook(os_)
     times = LoadTimes(tmp_path / "load_times.json")

@@ -26,6 +26,7 @@ from supervisor.child.osseam import ServedModel
 from supervisor.child.restart import Policy
 from supervisor.child.spawn import RealOs, free_port
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import LlamaKnobs
 from tests.integration.conftest import DaemonFactory, port_is_open, process_gone, wait_until
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,13 @@ class RecordingProbes(HttpProbes):
 async def test_ready_only_after_all_three_gates(
     tmp_path: Path, llama_server_binary: Path, demo_model: Path
 ) -> None:
-    spec = LaunchSpec(llama_server_binary, demo_model, "smollm2-135m-instruct", 0, 2, 2, 2, 4096)
+    spec = LaunchSpec(
+        llama_server_binary,
+        demo_model,
+        "smollm2-135m-instruct",
+        0,
+        LlamaKnobs(threads=2, threads_batch=2, slots=2, ctx_per_slot=4096),
+    )
     probes = RecordingProbes()
     sup = ChildSupervisor(
         spec, Policy(load_timeout_s=180), os=RealOs(), probes=probes, workdir=tmp_path / "w"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tarfile
@@ -18,6 +17,7 @@ from supervisor.daemon.prepare import chat_template_for
 from supervisor.errors import ConfigError
 from supervisor.launch.chat_template import BUILTIN_CHAT_TEMPLATES
 from supervisor.launch.flags import LaunchSpec, build_argv
+from supervisor.launch.knobs import LlamaKnobs
 from supervisor.paths import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +26,7 @@ SPEC = LaunchSpec(
     model=Path("/m/model.gguf"),
     alias="m",
     port=41234,
-    threads=2,
-    threads_batch=2,
-    slots=2,
-    ctx_per_slot=4096,
+    llama=LlamaKnobs(threads=2, threads_batch=2, slots=2, ctx_per_slot=4096),
 )
 
 
@@ -40,7 +37,7 @@ def problems(text: str) -> list[str]:
 
 
 def argv_for(template: str | None) -> list[str]:
-    return build_argv(dataclasses.replace(SPEC, chat_template=template))
+    return build_argv(SPEC.with_llama(chat_template=template))
 
 
 def test_a_builtin_name_is_passed_with_no_jinja() -> None:

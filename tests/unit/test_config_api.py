@@ -11,6 +11,7 @@ from supervisor.config.load import parse_config
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.errors import ConfigError
 from supervisor.launch.flags import LaunchSpec, build_argv, owned_flags
+from supervisor.launch.knobs import LlamaKnobs
 
 
 def test_cors_and_counting_reach_the_proxy_settings() -> None:
@@ -44,7 +45,15 @@ def test_counting_bounds_are_checked() -> None:
 
 def test_reranking_passes_rerank_to_the_child() -> None:
     def argv(**kw: object) -> list[str]:
-        return build_argv(LaunchSpec(Path("b"), Path("m"), "a", 1, 1, 1, 1, 256, **kw))  # type: ignore[arg-type]
+        return build_argv(
+            LaunchSpec(
+                Path("b"),
+                Path("m"),
+                "a",
+                1,
+                LlamaKnobs(threads=1, threads_batch=1, slots=1, ctx_per_slot=256, **kw),
+            )
+        )
 
     assert "--rerank" in argv(reranking=True) and "--rerank" not in argv()
     assert parse_config("llama: {reranking: true}\n", env={}).llama.reranking is True

@@ -20,13 +20,20 @@ from supervisor.daemon.prepare_models import PreparedModel
 from supervisor.daemon.service import Daemon
 from supervisor.errors import StartupError
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import LlamaKnobs
 from tests.unit.test_process_driver import FakeOs, FakeProbes
 
 SHAPE = ModelShape("llama", 4, 8, (2,) * 4, 64, 64, 2048, None, None)
 
 
 def prepared() -> Prepared:
-    spec = LaunchSpec(Path("/bin/llama-server"), Path("/m.gguf"), "gemma-3-270m", 0, 2, 2, 2, 4096)
+    spec = LaunchSpec(
+        Path("/bin/llama-server"),
+        Path("/m.gguf"),
+        "gemma-3-270m",
+        0,
+        LlamaKnobs(threads=2, threads_batch=2, slots=2, ctx_per_slot=4096),
+    )
     budget = plan_budget(
         SHAPE,
         weights=100 * MIB,

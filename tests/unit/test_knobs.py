@@ -3,9 +3,10 @@ override, the argv and the identity all come from that row."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,22 +23,18 @@ from supervisor.launch.knobs import KNOBS
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A knob nobody declared: added to the table in a fresh interpreter, before anything derives from it.
-ADD_A_KNOB = textwrap.dedent(
+# A knob nobody declared: one field added to a copy of launch/knobs.py, then everything derived from it
+# is read in a fresh interpreter that imports that copy.
+NEW_FIELD = (
+    '    batch_size: int = knob(2048, "logical batch (-b)", at_least(1), flag=("-b", "--batch-size"))\n'
+)
+READ_IT_BACK = textwrap.dedent(
     """
-    import json, sys
+    import dataclasses, json, sys
     from pathlib import Path
-    from supervisor.checks import at_least
-    from supervisor.launch import knobs
-
-    knobs.KNOBS = knobs.KNOBS + (
-        knobs.Knob("batch_size", int, 2048, "logical batch (-b)", at_least(1), flag=("-b", "--batch-size")),
-    )
-
-    import dataclasses
+    import supervisor
     from supervisor.config.load import parse_config
     from supervisor.config.models import served_models
-    from supervisor.config.rules import cross_check
     from supervisor.config.schema import LlamaConfig, ServedModelConfig
     from supervisor.daemon.prepare import Binary, Model, identity_for, launch_spec
     from supervisor.errors import ConfigError
@@ -45,6 +42,7 @@ ADD_A_KNOB = textwrap.dedent(
 
     text = "llama: {batch_size: 1024}\\nmodels: [{name: a}, {name: b, batch_size: 512}]\\n"
     out = {
+        "package": supervisor.__file__,
         "schema": {f.name: f.default for f in dataclasses.fields(LlamaConfig) if f.name == "batch_size"},
         "override": [f.name for f in dataclasses.fields(ServedModelConfig) if f.name == "batch_size"],
         "refused": [r[1] for r in refused_extra_args(("--batch-size=9",))],
@@ -65,12 +63,28 @@ ADD_A_KNOB = textwrap.dedent(
 )
 
 
-def test_a_knob_added_to_the_table_reaches_schema_overrides_argv_and_identity() -> None:
+def test_a_knob_added_to_the_table_reaches_schema_overrides_argv_and_identity(tmp_path: Path) -> None:
+    copy = tmp_path / "supervisor"
+    shutil.copytree(ROOT / "supervisor", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    knobs_py = copy / "launch" / "knobs.py"
+    text = knobs_py.read_text()
+    anchor = "class LlamaKnobs:\n"
+    assert anchor in text
+    knobs_py.write_text(text.replace(anchor, anchor + NEW_FIELD, 1))
+    # The copy first on the path; proxy/ (which the schema imports) from the checkout.
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     done = subprocess.run(
-        [sys.executable, "-c", ADD_A_KNOB], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", READ_IT_BACK],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
+    assert out["package"] == str(copy / "__init__.py")  # the copy with the new field was read
     assert out["schema"] == {"batch_size": 2048}  # the llama: section, with the row's default
     assert out["override"] == ["batch_size"]  # a models[] entry may set it
     assert out["argv"] == {"a": "1024", "b": "512"}  # inherited, and overridden for one model
@@ -103,39 +117,26 @@ def test_the_identity_names_every_identity_knob() -> None:
     json.dumps(serving)
 
 
-def _checker_view(module: Path, name: str) -> dict[str, str]:
-    """The annotations of the class ``name`` declared under ``if TYPE_CHECKING:`` in ``module``."""
-    tree = ast.parse(module.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for cls in node.body:
-                if isinstance(cls, ast.ClassDef) and cls.name == name:
-                    return {
-                        s.target.id: ast.unparse(s.annotation)
-                        for s in cls.body
-                        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-                    }
-    raise AssertionError(f"no TYPE_CHECKING class {name} in {module}")
-
-
-def test_the_type_checkers_views_agree_with_the_table() -> None:
+def test_the_config_classes_are_the_knobs_fields() -> None:
+    """``LlamaConfig`` is the knobs plus what the child runs; a ``models[]`` entry has one override per
+    per-model knob, of the knob's type or null; the loader reads each knob's doc and check."""
     by_name = {k.name: k for k in KNOBS}
-    namespace = vars(schema)
-    llama = _checker_view(ROOT / "supervisor/config/schema.py", "LlamaConfig")
-    assert llama and set(llama) <= set(by_name)
-    for name, annotation in llama.items():
-        assert eval(annotation, namespace) == by_name[name].type, name
-    served = _checker_view(ROOT / "supervisor/config/schema.py", "ServedModelConfig")
-    for name, annotation in served.items():
-        assert by_name[name].per_model
-        assert eval(annotation, namespace) == by_name[name].type | None, name
-    spec = _checker_view(ROOT / "supervisor/launch/flags.py", "LaunchSpec")
-    fixed = {"binary", "model", "alias", "port", "__dataclass_fields__"}
-    assert set(spec) - fixed <= set(by_name)
-    # At run time every knob is a field of each, with the row's default (the schema's with its doc).
-    fields = {f.name: f for f in dataclasses.fields(schema.LlamaConfig)}
-    spec_fields = {f.name: f for f in dataclasses.fields(flags.LaunchSpec)}
+    llama = {f.name: f for f in dataclasses.fields(schema.LlamaConfig)}
+    assert set(llama) == set(by_name) | {"lock", "binary", "binary_sha256", "model"}
+    hints = typing.get_type_hints(schema.LlamaConfig)
     for k in KNOBS:
-        assert fields[k.name].default == k.default and fields[k.name].metadata["doc"] == k.doc
-        assert typing.get_type_hints(schema.LlamaConfig)[k.name] == k.type
-        assert spec_fields[k.name].default == k.default
+        assert llama[k.name].default == k.default and llama[k.name].metadata["doc"] == k.doc
+        assert llama[k.name].metadata["check"] is k.check and hints[k.name] == k.type
+    served = typing.get_type_hints(schema.ServedModelConfig)
+    per_model = {k.name for k in KNOBS if k.per_model}
+    assert per_model <= set(served)
+    for name in per_model:
+        assert served[name] == by_name[name].type | None, name
+    assert not {k.name for k in KNOBS if not k.per_model} & set(served)
+    assert [f.name for f in dataclasses.fields(flags.LaunchSpec)] == [
+        "binary",
+        "model",
+        "alias",
+        "port",
+        "llama",
+    ]

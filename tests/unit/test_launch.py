@@ -15,16 +15,14 @@ from supervisor.launch.flags import (
     owned_flags,
     refused_extra_args,
 )
+from supervisor.launch.knobs import LlamaKnobs
 
 SPEC = LaunchSpec(
     binary=Path("/opt/llama-server"),
     model=Path("/m/model.gguf"),
     alias="gemma",
     port=41234,
-    threads=4,
-    threads_batch=6,
-    slots=3,
-    ctx_per_slot=4096,
+    llama=LlamaKnobs(threads=4, threads_batch=6, slots=3, ctx_per_slot=4096),
 )
 
 
@@ -50,9 +48,8 @@ def test_argv_sets_every_value_the_supervisor_cares_about() -> None:
 
 
 def test_embeddings_and_extra_args() -> None:
-    from dataclasses import replace
 
-    argv = build_argv(replace(SPEC, embeddings=True, extra_args=("--temp", "0.5")))
+    argv = build_argv(SPEC.with_llama(embeddings=True, extra_args=("--temp", "0.5")))
     assert "--embeddings" in argv
     assert argv[-2:] == ["--temp", "0.5"]
 
@@ -88,9 +85,8 @@ def test_every_spelling_of_an_owned_flag_is_refused() -> None:
 
 def test_the_prompt_cache_and_checkpoints_are_set_not_left_to_llama_server() -> None:
     # Its defaults (8 GiB of prompt cache, 32 checkpoints per slot) are memory the budget cannot see.
-    from dataclasses import replace
 
-    argv = build_argv(replace(SPEC, prompt_cache_mib=128, ctx_checkpoints=4))
+    argv = build_argv(SPEC.with_llama(prompt_cache_mib=128, ctx_checkpoints=4))
     assert flag_value(argv, "--cache-ram") == "128"
     assert flag_value(argv, "--ctx-checkpoints") == "4"
     bad = refused_extra_args(("-cram", "-1", "--swa-checkpoints=64"))

@@ -118,7 +118,7 @@ async def test_a_child_that_exits_during_load_is_failed_in_its_own_words(tmp_pat
 async def test_the_gpu_notice_stays_when_layers_are_offloaded(tmp_path: Path) -> None:
     os_, probes = FakeOs(), FakeProbes()
     sup = make(os_, probes, tmp_path)
-    sup.template = replace(SPEC, gpu_layers=10)
+    sup.template = SPEC.with_llama(gpu_layers=10)
     await start(sup)
     os_.children[0].say(GPU_NOTICE)
     os_.children[0].exit(2)

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from supervisor.child.machine import State, Stop, Tick
 from supervisor.child.osseam import ProbeUnreachable, ServedModel
 from supervisor.child.restart import Policy
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import LlamaKnobs
 
 
 class FakeChild:
@@ -121,7 +121,13 @@ class FakeProbes:
         return None
 
 
-SPEC = LaunchSpec(Path("/bin/llama-server"), Path("/m.gguf"), "m", 0, 2, 2, 2, 4096)
+SPEC = LaunchSpec(
+    Path("/bin/llama-server"),
+    Path("/m.gguf"),
+    "m",
+    0,
+    LlamaKnobs(threads=2, threads_batch=2, slots=2, ctx_per_slot=4096),
+)
 
 
 def make(os_: FakeOs, probes: FakeProbes, tmp_path: Path, **policy: object) -> ChildSupervisor:
@@ -353,7 +359,7 @@ async def test_an_unexpected_probe_error_counts_as_a_failed_health_probe(tmp_pat
 
 
 # --- new llama settings on trial (SIGHUP): a child that fails before the gate rolls them back --------
-BOGUS = replace(SPEC, extra_args=("--bogus-flag",))
+BOGUS = SPEC.with_llama(extra_args=("--bogus-flag",))
 
 
 class TrialOs(FakeOs):
@@ -415,7 +421,7 @@ async def test_new_settings_that_fail_the_gate_roll_back(tmp_path: Path) -> None
     os_, probes = FakeOs(), FakeProbes()  # answers n_ctx 4096: a child asked for 8192 fails the gate
     sup = make(os_, probes, tmp_path)
     await start(sup)
-    trial = asyncio.create_task(sup.try_settings(replace(SPEC, ctx_per_slot=8192), {}, None, "ctx"))
+    trial = asyncio.create_task(sup.try_settings(SPEC.with_llama(ctx_per_slot=8192), {}, None, "ctx"))
     await until(sup, trial.done, "the trial's outcome")
     assert "readiness gate failed" in (trial.result() or "")
     assert os_.children[1].signals == [signal.SIGKILL]
@@ -428,14 +434,14 @@ async def test_new_settings_that_pass_the_gate_are_kept_and_become_the_good_ones
     os_ = TrialOs(probes)
     sup = make(os_, probes, tmp_path)
     await start(sup)
-    three = replace(SPEC, slots=3)
+    three = SPEC.with_llama(slots=3)
     trial = asyncio.create_task(sup.try_settings(three, {"model": "three"}, None, "slots"))
     assert sup.snapshot().slots == 2  # the old child still serves until the new one is spawned
     await until(sup, trial.done, "the trial's outcome")
     assert trial.result() is None
     assert sup.state is State.READY and sup.snapshot().slots == 3 and sup.template == three
     # The next bad settings roll back to these, not to the first ones.
-    bad = asyncio.create_task(sup.try_settings(replace(three, extra_args=("--bogus-flag",)), {}, None, "x"))
+    bad = asyncio.create_task(sup.try_settings(three.with_llama(extra_args=("--bogus-flag",)), {}, None, "x"))
     await until(sup, lambda: bad.done() and sup.state is State.READY, "READY after the rollback")
     assert bad.result() is not None and sup.template == three
 
@@ -446,7 +452,7 @@ async def test_with_no_settings_known_to_work_new_ones_apply_directly(tmp_path: 
     sup = make(os_, probes, tmp_path)
     await start(sup)
     assert sup.state is State.BACKOFF
-    fixed = replace(SPEC, ctx_per_slot=8192)
+    fixed = SPEC.with_llama(ctx_per_slot=8192)
     assert await sup.try_settings(fixed, {}, None, "ctx") is None  # nothing to protect: no trial
     await settle(sup)
     assert sup.state is State.READY and sup.template == fixed and sup.machine.trial_generation is None

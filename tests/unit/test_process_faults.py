@@ -19,6 +19,7 @@ from supervisor.child.machine import State
 from supervisor.child.restart import Policy
 from supervisor.child.spawn import RealOs
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import LlamaKnobs
 from tests.fakes.fake_child import make_fake_binary
 
 DEADLINE_S = 20.0
@@ -60,7 +61,13 @@ async def supervised(
     tmp_path: Path, *switches: str, **policy: object
 ) -> AsyncIterator[tuple[ChildSupervisor, Watch]]:
     binary = make_fake_binary(tmp_path / "bin", *switches)
-    spec = LaunchSpec(binary, tmp_path / "model.gguf", "fake", 0, 1, 1, 2, 1024)
+    spec = LaunchSpec(
+        binary,
+        tmp_path / "model.gguf",
+        "fake",
+        0,
+        LlamaKnobs(threads=1, threads_batch=1, slots=2, ctx_per_slot=1024),
+    )
     base: dict[str, object] = dict(
         load_timeout_s=15.0,
         # Well above a Python start on a busy machine (the fake prints its first line after it): only

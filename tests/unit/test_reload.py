@@ -74,7 +74,7 @@ def fake_prepare(cfg: Config, **kwargs: object) -> Prepared:
     """What prepare() would give for ``cfg``, without files: the llama settings the tests change, on a
     host with room for one child, not two (so a change stops the old child first)."""
     p = prepared()
-    spec = replace(p.spec, slots=cfg.llama.slots, extra_args=tuple(cfg.llama.extra_args))
+    spec = p.spec.with_llama(slots=cfg.llama.slots, extra_args=tuple(cfg.llama.extra_args))
     budget = replace(p.budget, available_bytes=p.budget.required_bytes * 3 // 2, headroom_bytes=0)
     identity = {"model": {"alias": "gemma-3-270m"}, "slots": cfg.llama.slots}
     return replace(p, spec=spec, budget=budget, identity=identity)

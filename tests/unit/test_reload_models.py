@@ -86,12 +86,8 @@ def fake_prepare(room_for: int) -> Callable[..., Prepared]:
         """prepare() for one model's config without files, on a host with room for ``room_for`` children."""
         p = prepared()
         llama = cfg.llama
-        spec = replace(
-            p.spec,
-            alias=llama.model.alias,
-            ctx_per_slot=llama.ctx_per_slot,
-            slots=llama.slots,
-            extra_args=tuple(llama.extra_args),
+        spec = replace(p.spec, alias=llama.model.alias).with_llama(
+            ctx_per_slot=llama.ctx_per_slot, slots=llama.slots, extra_args=tuple(llama.extra_args)
         )
         budget = replace(p.budget, available_bytes=p.budget.required_bytes * room_for + 1, headroom_bytes=0)
         return replace(p, spec=spec, budget=budget, identity={"model": {"alias": llama.model.alias}})
