@@ -6,6 +6,7 @@ which declare checks for the same kinds of values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,3 +25,9 @@ def multiple_of_256(v: Any) -> str | None:
     # llama-server pads each slot's context to a multiple of 256; any other value would make the
     # served n_ctx differ from the configured one and fail the readiness gate.
     return None if v is None or (v >= 256 and v % 256 == 0) else "must be a multiple of 256 (>= 256)"
+
+
+def matches(pattern: str, what: str) -> Check:
+    """A string (or null) that fully matches ``pattern``, described as ``what``."""
+    rx = re.compile(pattern)
+    return lambda v: None if v is None or rx.fullmatch(v) else f"must be {what}"

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import httpx
 
+from supervisor.child.log import offload_fact
 from supervisor.child.osseam import describe_exit as _describe_exit
 from supervisor.child.probes import ProbeError, ServedModel, get_health, get_models, one_token_completion
 from supervisor.child.spawn import free_port, spawn_tied
 from supervisor.errors import StartupError
 from supervisor.launch.flags import CHILD_HOST, build_env, new_secret
+from supervisor.launch.knobs import LlamaKnobs
 
 _LOG_TAIL_LINES = 15
 
@@ -36,6 +38,9 @@ class SmokeResult:
     token_text: str
     token_seconds: float
     models: tuple[ServedModel, ...]
+    # Where the loader put the layers (child.log.offload_fact): "19/19" and the devices, or None/().
+    offloaded: str | None = None
+    devices: tuple[str, ...] = ()
 
 
 def describe_exit(returncode: int) -> str:
@@ -59,7 +64,11 @@ async def smoke_decode(
     ready_timeout_s: float = 120.0,
     token_timeout_s: float = 120.0,
     stop_grace_s: float = 5.0,
+    gpu_layers: int = 0,
+    knobs: LlamaKnobs | None = None,
 ) -> SmokeResult:
+    """``gpu_layers``: -ngl (0: CPU only); ``knobs``: the device ones, as a config would set them
+    (``device`` becomes --device, ``vulkan_devices`` the child's GGML_VK_VISIBLE_DEVICES)."""
     with tempfile.TemporaryDirectory(prefix="llamagate-smoke-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "config").mkdir()
@@ -67,13 +76,15 @@ async def smoke_decode(
         port = free_port()
         base_url = f"http://{CHILD_HOST}:{port}"
         argv = [str(binary), "-m", str(model), "--alias", alias, "--host", CHILD_HOST]
-        argv += ["--port", str(port), "-ngl", "0", "-np", "1", "-c", "512", "--no-ui"]
+        argv += ["--port", str(port), "-ngl", str(gpu_layers), "-np", "1", "-c", "512", "--no-ui"]
+        if knobs is not None and knobs.device is not None:
+            argv += ["--device", knobs.device]
         log_path = tmp / "llama-server.log"
         started = time.monotonic()
         with log_path.open("wb") as log_fh:
             # Tied to us like the daemon's child (dies with us, even on SIGKILL), and in our process
             # group: a group signal (Ctrl-C, ``timeout``) stops it as it stops us.
-            proc = await spawn_tied(argv, build_env(secret, tmp), tmp, stdout=log_fh, own_group=False)
+            proc = await spawn_tied(argv, build_env(secret, tmp, knobs), tmp, stdout=log_fh, own_group=False)
         try:
             # trust_env=False: an HTTP(S)_PROXY from the environment must not carry loopback probes.
             async with httpx.AsyncClient(trust_env=False) as client:
@@ -88,11 +99,28 @@ async def smoke_decode(
                     raise await _failed(
                         proc, f"llama-server failed the one-token decode: {exc}", log_path
                     ) from None
+            offloaded, devices = _offload(log_path)
             return SmokeResult(
-                ready_seconds=ready, token_text=token.text, token_seconds=token.seconds, models=tuple(models)
+                ready_seconds=ready,
+                token_text=token.text,
+                token_seconds=token.seconds,
+                models=tuple(models),
+                offloaded=offloaded,
+                devices=devices,
             )
         finally:
             await stop_child(proc, grace_s=stop_grace_s)
+
+
+def _offload(log_path: Path) -> tuple[str | None, tuple[str, ...]]:
+    layers, devices = None, []
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        fact = offload_fact(line)
+        if fact is not None and fact[0] == "layers":
+            layers = fact[1]
+        elif fact is not None and fact[1] not in devices:
+            devices.append(fact[1])
+    return layers, tuple(devices)
 
 
 async def _wait_healthy(

@@ -8,8 +8,13 @@ Checks, in order; the first failure stops the run because later checks build on 
   version     ``--version`` prints the locked version line (which names the commit)
   reference   the lock's reference digest, when it has one: a difference is a WARNING only, because
               another compiler legitimately produces other bytes
+  devices     a GPU variant only: ``--list-devices`` names a device (in the environment the knobs give
+              the child, GGML_VK_VISIBLE_DEVICES included), with the memory its driver reports
   model       the model is a GGUF and hashes to the expected sha256
-  serve       start, /health 200, the alias is listed, one token decoded, stopped (``serve=False`` skips)
+  serve       start, /health 200, the alias is listed, one token decoded, stopped (``serve=False`` skips);
+              a GPU variant serves with every layer offloaded (-ngl 99)
+  offload     a GPU variant only: the child's own log says every layer went to a device (not the CPU):
+              a build that silently falls back to the CPU fails here
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from typing import Any
 from supervisor.artifacts.build import install_dir, version_output
 from supervisor.artifacts.demo_model import DEFAULT_DEMO, ensure_demo_model
 from supervisor.artifacts.files import sha256_fresh, verify_model
-from supervisor.artifacts.lock import load_lock
+from supervisor.artifacts.lock import DEFAULT_VARIANT, load_lock
 from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
 from supervisor.artifacts.smoke import smoke_decode
+from supervisor.budget.devices import Devices, list_devices
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, StartupError
+from supervisor.launch.knobs import LlamaKnobs
 from supervisor.paths import cache_root
 from supervisor.progress import Progress
 
@@ -47,6 +54,8 @@ class VerifyReport:
     binary: Path | None = None
     receipt: Receipt | None = None
     checks: list[Check] = field(default_factory=list)
+    variant: str = DEFAULT_VARIANT
+    devices: Devices | None = None  # a GPU variant's --list-devices
 
     @property
     def ok(self) -> bool:
@@ -63,6 +72,8 @@ class VerifyReport:
             "lock_digest": self.lock_digest,
             "binary": None if self.binary is None else str(self.binary),
             "receipt": None if self.receipt is None else self.receipt.to_json(),
+            "variant": self.variant,
+            "devices": None if self.devices is None else [d.as_dict() for d in self.devices.listed],
             "checks": [asdict(c) for c in self.checks],
         }
 
@@ -75,16 +86,23 @@ def verify(
     model_sha256: str | None = None,
     serve: bool = True,
     progress: Progress,
+    variant: str = DEFAULT_VARIANT,
+    knobs: LlamaKnobs | None = None,
 ) -> VerifyReport:
-    lock = load_lock(lock_path)
+    """``variant``: which of the lock's builds; ``knobs``: its device knobs (``device``,
+    ``vulkan_devices``) as a config would give them to the child."""
+    lock = load_lock(lock_path, variant)
+    knobs = knobs if knobs is not None else LlamaKnobs(variant=variant)
     root = cache if cache is not None else cache_root()
-    report = VerifyReport(lock_path=lock_path, lock_digest=lock.digest)
+    report = VerifyReport(lock_path=lock_path, lock_digest=lock.digest, variant=variant)
     folder = install_dir(lock, root)
     binary = folder / lock.target
     if not (binary.is_file() and (folder / RECEIPT_NAME).is_file()):
         report.checks.append(
             Check(
-                "installed", False, f"no llama-server built for this lock in {folder}: run 'llamagate build'"
+                "installed",
+                False,
+                f"no llama-server built for this lock in {folder}: run 'llamagate build --variant {variant}'",
             )
         )
         return report
@@ -117,12 +135,16 @@ def verify(
         report.checks.append(
             Check("reference", True, detail, lock.reference.binary_sha256, found, warning=not same)
         )
+    gpu = variant != DEFAULT_VARIANT
+    if gpu and not _add(report, _devices_check(report, binary, knobs)):
+        return report
     served, alias = _model_check(report, root, model, model_sha256, serve, progress)
     if served is None or not serve:
         return report
     progress.update("smoke test", None, f"starting llama-server with {served.name}")
     try:
-        result = asyncio.run(smoke_decode(binary, served, alias=alias))
+        gpu_layers = ALL_LAYERS if gpu else 0
+        result = asyncio.run(smoke_decode(binary, served, alias=alias, gpu_layers=gpu_layers, knobs=knobs))
         progress.done("smoke test")
     except StartupError as exc:
         progress.done("smoke test", "failed")
@@ -136,7 +158,45 @@ def verify(
             f"{result.token_seconds:.2f} s ({result.token_text!r}), stopped",
         )
     )
+    if gpu:
+        report.checks.append(_offload_check(result.offloaded, result.devices))
     return report
+
+
+# -ngl above any layer count: every repeating layer and the output layer (llama-model.cpp).
+ALL_LAYERS = 99
+
+
+def _devices_check(report: VerifyReport, binary: Path, knobs: LlamaKnobs) -> Check:
+    devices = list_devices(binary, knobs)
+    report.devices = devices
+    if not devices.listed:
+        return Check("devices", False, devices.note or "--list-devices lists no device")
+    shown = "; ".join(
+        f"{d.name}: {d.description} ({d.total_bytes >> 20} MiB, {d.free_bytes >> 20} MiB free)"
+        for d in devices.listed
+    )
+    chosen = devices.chosen(knobs.device)
+    if chosen is None:
+        return Check("devices", False, f"--device {knobs.device} is not among the listed devices: {shown}")
+    return Check("devices", True, f"--list-devices: {shown}", found=chosen.name)
+
+
+def _offload_check(offloaded: str | None, devices: tuple[str, ...]) -> Check:
+    """Every layer on a device, by the child's own log; anything else is a CPU fallback."""
+    if offloaded is None:
+        return Check("offload", False, "the child's log says nothing of offloaded layers: not a GPU load")
+    done, of = (int(n) for n in offloaded.split("/"))
+    if done < of or not devices:
+        where = ", ".join(devices) or "no device buffer"
+        return Check(
+            "offload",
+            False,
+            f"only {offloaded} layers offloaded ({where}): the rest ran on the CPU",
+            expected=f"{of}/{of}",
+            found=offloaded,
+        )
+    return Check("offload", True, f"offloaded {offloaded} layers to {', '.join(devices)}", found=devices[0])
 
 
 def _model_check(

@@ -96,3 +96,22 @@ def first_error(lines: Iterable[str], limit: int = 300) -> str | None:
             text = LLAMA_LINE.sub("", line).strip()
             return text if len(text) <= limit else text[: limit - 3] + "..."
     return None
+
+
+# Where the model's layers went, as llama-server's loader reports it (src/llama-model.cpp,
+# load_tensors): "offloaded 19/19 layers to GPU", then one "<buffer> model buffer size = N MiB" per
+# backend buffer (CPU_Mapped, CPU_REPACK... for the host; Vulkan0, CUDA0... for a device).
+_OFFLOADED = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers to GPU")
+_BUFFER = re.compile(r"load_tensors: +([A-Za-z][A-Za-z0-9_]*) model buffer size = +([0-9.]+) MiB")
+
+
+def offload_fact(line: str) -> tuple[str, str] | None:
+    """("layers", "19/19") or ("device", "Vulkan0") from a load line, else None. A CPU buffer is
+    the host's and names no device."""
+    m = _OFFLOADED.search(line)
+    if m:
+        return "layers", f"{m.group(1)}/{m.group(2)}"
+    m = _BUFFER.search(line)
+    if m and not m.group(1).startswith("CPU"):
+        return "device", m.group(1)
+    return None

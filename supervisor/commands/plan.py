@@ -13,7 +13,7 @@ from supervisor.config.load import load_config, resolve_config_path
 from supervisor.config.models import is_multi, served_models
 from supervisor.config.schema import Config
 from supervisor.daemon.deploy_hints import ServiceLimits
-from supervisor.daemon.prepare import Binary, budget_for, launch_spec, resolve_model
+from supervisor.daemon.prepare import Binary, budget_for, devices_for, launch_spec, resolve_model
 from supervisor.errors import UsageError
 from supervisor.launch.flags import build_argv
 from supervisor.paths import default_lock_path
@@ -45,14 +45,16 @@ def _plan(args: argparse.Namespace) -> int:
     if is_multi(cfg):
         return _plan_models(args, cfg)
     model = resolve_model(cfg, progress=ConsoleProgress())
-    budget = budget_for(cfg, model)
     binary_path: Path | None
     if cfg.llama.binary is not None:
         binary_path = cfg.llama.binary
     else:
-        installed = find_installed(cfg.llama.lock or default_lock_path())
+        installed = find_installed(cfg.llama.lock or default_lock_path(), variant=cfg.llama.variant)
         binary_path = installed.path if installed else None
-    shown = binary_path or Path("llama-server(not built yet: `llamagate build`)")
+    budget = budget_for(cfg, model, devices=devices_for(cfg, binary_path))
+    shown = binary_path or Path(
+        f"llama-server(not built yet: `llamagate build --variant {cfg.llama.variant}`)"
+    )
     spec = launch_spec(cfg, Binary(shown, "", None), model)
     argv = build_argv(spec)
     argv[argv.index("--port") + 1] = "<free port>"
@@ -88,7 +90,12 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
     rows = []
     for served in served_models(cfg):
         model = resolve_model(served.cfg, progress=ConsoleProgress())
-        budget = budget_for(served.cfg, model)
+        llama = served.cfg.llama
+        installed = (
+            None if llama.binary else find_installed(llama.lock or default_lock_path(), variant=llama.variant)
+        )
+        binary = llama.binary or (installed.path if installed else None)
+        budget = budget_for(served.cfg, model, devices=devices_for(served.cfg, binary))
         spec = launch_spec(served.cfg, Binary(Path("llama-server"), "", None), model)
         argv = build_argv(spec)
         argv[argv.index("--port") + 1] = "<free port>"

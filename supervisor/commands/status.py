@@ -149,6 +149,10 @@ def _print_models(models: dict[str, Any], last_reload: object) -> None:
             f" {m.get('ctx_per_slot')} tokens, uptime {_fmt_duration(m.get('uptime_s'))},"
             f" restarts {m.get('restarts', '-')}"
         )
+        offload = m.get("offload") or {}
+        if offload.get("layers"):
+            on = ", ".join(offload.get("devices") or []) or "no device"
+            line += f", offloaded {offload['layers']} layers to {on}"
         if m.get("last_failure"):
             line += f", last failure {m['last_failure']}"
         if m.get("last_reload") not in (None, last_reload):  # its own outcome, when not the daemon's
@@ -162,6 +166,12 @@ def _print_identity(identity: dict[str, Any]) -> None:
     host = identity.get("host") or {}
     print(f"  llama.cpp    {build.get('commit') or build.get('version') or build.get('source')}")
     print(f"  binary       {binary.get('path')} sha256 {binary.get('sha256')}")
+    if build.get("variant"):
+        patches = build.get("patches") or []
+        print(
+            f"  variant      {build['variant']}"
+            + (f" ({len(patches)} patch(es): {'; '.join(patches)})" if patches else "")
+        )
     if build.get("cmake_args"):
         print(f"  cmake        {' '.join(build['cmake_args'])}")
     for name, record in (identity.get("models") or {}).items():  # each served model's file and settings
@@ -183,6 +193,13 @@ def _print_model(identity: dict[str, Any], indent: str) -> None:
         f"{indent}model file   {model.get('path')} ({model.get('size_bytes')} bytes)"
         f" sha256 {model.get('sha256')}"
     )
+    device = identity.get("device") or {}
+    if device.get("gpu_layers"):
+        chosen = device.get("device") or {}
+        where = f"{chosen.get('name')} ({chosen.get('description')})" if chosen else "a device not listed"
+        note = f"; {device['note']}" if device.get("note") else ""
+        layers = f"gpu_layers {device['gpu_layers']}"
+        print(f"{indent}device       {device.get('variant')} build, {layers} on {where}{note}")
     threads = f"{serving.get('threads')}/{serving.get('threads_batch')}"
     print(
         f"{indent}serving      alias {model.get('alias')}, threads {threads}, "

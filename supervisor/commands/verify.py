@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from supervisor.artifacts.files import is_sha256
 from supervisor.artifacts.verify import VerifyReport, verify
-from supervisor.commands.build import add_lock_and_cache
+from supervisor.commands.build import add_lock_and_cache, add_variant
 from supervisor.errors import UsageError
+from supervisor.launch.knobs import LlamaKnobs
 from supervisor.paths import default_lock_path
 from supervisor.progress import ConsoleProgress, NullProgress, Progress
 
@@ -24,6 +27,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--model) and decodes one token. Exit 0 ok, 1 a check failed, 2 usage or lock error.",
     )
     add_lock_and_cache(parser)
+    add_variant(parser)
+    parser.add_argument(
+        "--vulkan-devices",
+        default=os.environ.get("GGML_VK_VISIBLE_DEVICES"),
+        metavar="INDEXES",
+        help="Vulkan devices the child may use (llama.vulkan_devices: GGML_VK_VISIBLE_DEVICES, default from"
+        " the environment); a CPU-type device such as lavapipe is used only when named, e.g. 0",
+    )
+    parser.add_argument(
+        "--device", default=None, metavar="NAMES", help="llama.device: --device for the child, e.g. Vulkan0"
+    )
     parser.add_argument("--model", type=Path, default=None, help="a GGUF model to check (and serve)")
     parser.add_argument("--model-sha256", default=None, metavar="HEX", help="expected sha256 of --model")
     parser.add_argument("--no-serve", action="store_true", help="skip starting llama-server")
@@ -44,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         model_sha256=None if args.model_sha256 is None else args.model_sha256.lower(),
         serve=not args.no_serve,
         progress=progress,
+        variant=args.variant,
+        knobs=_knobs(args),
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -52,12 +68,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _knobs(args: argparse.Namespace) -> LlamaKnobs:
+    """The device knobs, checked as the config checks them."""
+    values = {"variant": args.variant, "vulkan_devices": args.vulkan_devices or None, "device": args.device}
+    for f in fields(LlamaKnobs):
+        check = f.metadata.get("check")
+        problem = check(values[f.name]) if f.name in values and check is not None else None
+        if problem:
+            option = "--" + f.name.replace("_", "-")
+            raise UsageError(f"{option} {values[f.name]!r}: {problem}")
+    return LlamaKnobs(**values)
+
+
 def _print_text(report: VerifyReport) -> None:
     if report.binary is not None:
         print(f"llama-server: {report.binary}")
     if report.receipt is not None:
         r = report.receipt
         print(f"  llama.cpp commit: {r.llama_cpp_commit}")
+        print(f"  variant:          {r.variant}" + "".join(f"\n  patch:            {p}" for p in r.patches))
         print(f"  binary sha256:    {r.binary_sha256} (receipt)")
         print(f"  lock digest:      {r.lock_digest}")
     for check in report.checks:

@@ -71,7 +71,23 @@ def _llama(cfg: Config) -> list[str]:
         out.append("llama.lock: set either llama.lock or llama.binary, not both")
     for i, flag, reason in refused_extra_args(llama.extra_args):
         out.append(f"llama.extra_args[{i}]: {flag} is not allowed: {reason}")
+    out += _offload("llama", llama.variant, llama.device)
+    for i, m in enumerate(cfg.models):
+        own = overrides(m)
+        if "device" in own or "variant" in own:
+            out += _offload(
+                f"models[{i}]", own.get("variant", llama.variant), own.get("device", llama.device)
+            )
     return out
+
+
+def _offload(where: str, variant: str, device: str | None) -> list[str]:
+    # A CPU build knows no device: llama-server would refuse the name and the child never load.
+    if variant == "cpu" and device not in (None, "none"):
+        return [
+            f"{where}.device: the cpu build has no device to offload to; set {where}.variant (vulkan, cuda)"
+        ]
+    return []
 
 
 def _supervision(cfg: Config) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, NewType, TypeVar, dataclass_transform
 
 from proxy.settings import DEFAULT_PRIORITY
-from supervisor.checks import Check, at_least, multiple_of_256, positive
+from supervisor.checks import Check, at_least, matches, multiple_of_256, positive
 from supervisor.launch.knobs import KNOBS, CacheType, LlamaKnobs, NameOrPath
 
 __all__ = ["CacheType", "Check", "NameOrPath", "at_least", "multiple_of_256", "positive"]
@@ -46,11 +46,6 @@ def section(factory: Callable[[], Any], doc: str) -> Any:
 
 def port_number(v: Any) -> str | None:
     return None if 1 <= v <= 65535 else "must be a port number (1-65535)"
-
-
-def matches(pattern: str, what: str) -> Check:
-    rx = re.compile(pattern)
-    return lambda v: None if v is None or rx.fullmatch(v) else f"must be {what}"
 
 
 def ip_or_network(v: Any) -> str | None:

@@ -17,9 +17,11 @@ import psutil
 from supervisor.artifacts.build import ensure_binary, find_installed, version_output
 from supervisor.artifacts.demo_model import DEFAULT_DEMO, demo_for_digest, demo_model_path, ensure_demo_model
 from supervisor.artifacts.files import check_gguf, sha256_file, verify_model
+from supervisor.artifacts.lock import DEFAULT_VARIANT
 from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
+from supervisor.budget.devices import Devices, list_devices
 from supervisor.budget.gguf_info import ModelShape, read_shape
-from supervisor.budget.plan import MIB, Budget, plan_budget
+from supervisor.budget.plan import MIB, Budget, Offload, plan_budget
 from supervisor.config.schema import Config
 from supervisor.daemon.identity import host_identity, served_identity
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
@@ -66,6 +68,8 @@ def _build_facts(receipt: Receipt) -> dict[str, object]:
         "lock_digest": receipt.lock_digest,
         "built_at": receipt.built_at,
         "reference_match": receipt.reference_match,
+        "variant": receipt.variant,
+        "patches": list(receipt.patches),
     }
 
 
@@ -84,13 +88,15 @@ def resolve_binary(
     explicit = cfg.llama.binary
     if explicit is None:
         lock = cfg.llama.lock or default_lock_path()
+        variant = cfg.llama.variant
         if fetch:
-            installed = ensure_binary(lock, cache=cache, progress=progress)
+            installed = ensure_binary(lock, cache=cache, progress=progress, variant=variant)
         else:
-            found = find_installed(lock, cache=cache)
+            found = find_installed(lock, cache=cache, variant=variant)
             if found is None:
                 raise StartupError(
-                    f"no llama-server built for {lock} yet: run 'llamagate build --lock {lock}'"
+                    f"no llama-server built for {lock} (variant {variant}) yet: run "
+                    f"'llamagate build --lock {lock} --variant {variant}'"
                 )
             installed = found
         return Binary(installed.path, installed.receipt.binary_sha256, _build_facts(installed.receipt))
@@ -153,11 +159,45 @@ def default_threads() -> int:
     return max(1, min(physical, usable))
 
 
+def offloads(cfg: Config) -> bool:
+    """Layers go to a device: a GPU build (not the cpu variant, or a named binary) and gpu_layers > 0."""
+    llama = cfg.llama
+    gpu_build = llama.variant != DEFAULT_VARIANT or llama.binary is not None
+    return gpu_build and llama.gpu_layers > 0 and llama.device != "none"
+
+
+def devices_for(cfg: Config, binary: Path | None) -> Devices | None:
+    """What the child's build will see (``--list-devices``, in the child's environment) when it
+    offloads; None when it does not. ``binary`` None: not built yet, so nothing could be read."""
+    if not offloads(cfg):
+        return None
+    if binary is None:
+        return Devices(
+            (), "the binary is not built yet (llamagate build --variant " + cfg.llama.variant + ")"
+        )
+    return list_devices(binary, cfg.llama)
+
+
 def budget_for(
-    cfg: Config, model: Model, *, available: int | None = None, extra_available: int = 0
+    cfg: Config,
+    model: Model,
+    *,
+    available: int | None = None,
+    extra_available: int = 0,
+    devices: Devices | None = None,
 ) -> Budget:
+    """``devices``: from ``devices_for``; with layers offloaded and None, the device is not known."""
     llama = cfg.llama
     swa_full, n_ubatch = budget_flags(llama.extra_args)
+    offload = None
+    if offloads(cfg):
+        known = devices or Devices((), "the devices were not listed")
+        device = known.chosen(llama.device)
+        note = known.note
+        if device is None and note is None:
+            listed = ", ".join(d.name for d in known.listed)
+            note = f"llama.device {llama.device!r} is not a listed device ({listed})"
+        offload = Offload(llama.gpu_layers, device, note)
     return plan_budget(
         model.shape,
         weights=model.size,
@@ -172,6 +212,7 @@ def budget_for(
         ctx_checkpoints=llama.ctx_checkpoints,
         swa_full=swa_full,
         n_ubatch=n_ubatch,
+        offload=offload,
     )
 
 
@@ -200,8 +241,11 @@ def chat_template_for(cfg: Config) -> NameOrPath | None:
     return NameOrPath(demo.chat_template) if demo is not None and demo.chat_template else None
 
 
-def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, object]:
-    return served_identity(
+def identity_for(
+    spec: LaunchSpec, binary: Binary, model: Model, devices: Devices | None = None
+) -> dict[str, object]:
+    """``devices``: what the build listed (``devices_for``); the identity's ``device`` record."""
+    record = served_identity(
         binary=binary.path,
         binary_sha256=binary.sha256,
         build=binary.build,
@@ -212,6 +256,22 @@ def identity_for(spec: LaunchSpec, binary: Binary, model: Model) -> dict[str, ob
         serving=serving_record(spec),
         host=host_identity(),
     )
+    record["device"] = device_record(spec, devices)
+    return record
+
+
+def device_record(spec: LaunchSpec, devices: Devices | None) -> dict[str, object]:
+    """Where the layers go: the variant, the offload asked for, and what the build listed (when it
+    offloads). The layers really offloaded are in the child's log: ``/readyz`` shows them per model."""
+    knobs = spec.llama
+    chosen = devices.chosen(knobs.device) if devices is not None else None
+    return {
+        "variant": knobs.variant,
+        "gpu_layers": knobs.gpu_layers,
+        "device": chosen.as_dict() if chosen is not None else None,
+        "listed": [d.as_dict() for d in devices.listed] if devices is not None else [],
+        "note": devices.note if devices is not None else None,
+    }
 
 
 def serving_record(spec: LaunchSpec) -> dict[str, object]:
@@ -237,7 +297,8 @@ def prepare(
     ``fetch=False``: never build the binary or download the demo model, only verify them (SIGHUP)."""
     binary = resolve_binary(cfg, progress=progress, cache=cache, fetch=fetch)
     model = resolve_model(cfg, progress=progress, cache=cache, fetch=fetch)
-    budget = budget_for(cfg, model, extra_available=extra_available)
+    devices = devices_for(cfg, binary.path)
+    budget = budget_for(cfg, model, extra_available=extra_available, devices=devices)
     if not budget.fits:
         raise Misconfigured(budget.refusal())
     shape = model.shape
@@ -249,4 +310,4 @@ def prepare(
     if Path("/etc/llama.cpp/config.ini").exists():
         log.warning("/etc/llama.cpp/config.ini exists: llama-server reads it (argv still wins)")
     spec = launch_spec(cfg, binary, model)
-    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model))
+    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model, devices))

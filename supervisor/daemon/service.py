@@ -472,7 +472,9 @@ class Daemon:
         folder = self.workdir / name
         folder.mkdir(exist_ok=True)
         argv = build_argv(prepared.spec)
-        return await refused_arguments(self.child_os, argv, build_env(new_secret(), folder), folder)
+        return await refused_arguments(
+            self.child_os, argv, build_env(new_secret(), folder, prepared.spec.llama), folder
+        )
 
     async def _switch(
         self, host: ModelHost, model: PreparedModel, after: tuple[PreparedModel, ...], drain_timeout_s: float

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from supervisor.config.schema import Config
-from supervisor.daemon.prepare import Model, budget_for, resolve_binary, resolve_model
+from supervisor.daemon.prepare import Model, budget_for, devices_for, resolve_binary, resolve_model
 from supervisor.errors import LlamagateError, StartupError
 from supervisor.progress import NullProgress
 
@@ -27,8 +27,9 @@ class HostCheck:
 def check_host(cfg: Config, *, cache: Path | None = None) -> HostCheck:
     out = HostCheck()
     progress = NullProgress()
+    binary = None
     try:
-        resolve_binary(cfg, progress=progress, cache=cache, fetch=False)
+        binary = resolve_binary(cfg, progress=progress, cache=cache, fetch=False).path
         out.checked.append("binary")
     except StartupError as exc:  # not built yet: serve builds it (minutes), or `llamagate build` now
         out.notes.append(f"llama-server will be built at the first start: {exc}")
@@ -43,7 +44,10 @@ def check_host(cfg: Config, *, cache: Path | None = None) -> HostCheck:
     except LlamagateError as exc:
         out.problems.append(str(exc))
     if model is not None:
-        budget = budget_for(cfg, model)
+        devices = devices_for(cfg, binary)
+        if devices is not None and devices.note:
+            out.notes.append(f"the device's memory is not checked: {devices.note}")
+        budget = budget_for(cfg, model, devices=devices)
         if budget.fits:
             out.checked.append("memory budget")
         else:

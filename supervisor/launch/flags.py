@@ -87,6 +87,7 @@ REFUSED: dict[str, str] = {
     "--ssl-key-file": "the child is reached over loopback only",
     "--ssl-cert-file": "the child is reached over loopback only",
     "--tools": "gives clients file and shell access on the host",
+    "--list-devices": "prints the devices and exits: llamagate verify --variant NAME lists them",
     "--models-dir": "router mode is not supervised",
     "--models-preset": "router mode is not supervised",
     "-hf": _MODEL,
@@ -154,12 +155,19 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def build_env(secret: str, private_dir: Path) -> dict[str, str]:
+def knob_env(knobs: LlamaKnobs) -> dict[str, str]:
+    """The environment variables the knobs set (``Row.env``), for those that are not null."""
+    values = {k.env: getattr(knobs, k.name) for k in KNOBS if k.env is not None}
+    return {name: str(v) for name, v in values.items() if v is not None}
+
+
+def build_env(secret: str, private_dir: Path, knobs: LlamaKnobs | None = None) -> dict[str, str]:
     """A scrubbed environment: nothing inherited. No LLAMA_ARG_* (llama-server reads every one as a
     flag), no HF_* tokens, and XDG_CONFIG_HOME/HOME pointed at an empty private folder so no user
     config.ini is picked up. (/etc/llama.cpp/config.ini cannot be turned off; every setting that
-    matters is passed explicitly, and argv wins over that file.)"""
+    matters is passed explicitly, and argv wins over that file.) ``knobs``: the variables they set."""
     return {
+        **(knob_env(knobs) if knobs is not None else {}),
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(private_dir),
         "XDG_CONFIG_HOME": str(private_dir / "config"),

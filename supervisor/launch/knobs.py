@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, Literal, NewType, TypeVar
 
-from supervisor.checks import Check, at_least, multiple_of_256
+from supervisor.checks import Check, at_least, matches, multiple_of_256
 from supervisor.launch.chat_template import check_chat_template, is_builtin
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -53,6 +53,7 @@ class Row:
     also: tuple[Flag[LlamaKnobs], ...] = ()  # further flags it decides
     per_model: bool = True  # a models[] entry may set it for its child
     identity: bool = True  # part of what the identity says was served
+    env: str | None = None  # the child's environment variable it sets (instead of a flag)
 
 
 def knob(default: Any, doc: str, check: Check | None = None, **row: Any) -> Any:
@@ -140,6 +141,31 @@ class LlamaKnobs:
             Flag(("--chat-template-file",), _template_file),
         ),
     )
+    # No flag: it chooses the binary the child runs (daemon/prepare.py, resolve_binary).
+    variant: str = knob(
+        "cpu",
+        "which build of llama-build.lock runs this model: cpu, or a [variant.NAME] table of the lock such as"
+        " vulkan (built by llamagate build --variant NAME); ignored with llama.binary",
+        matches(r"[a-z][a-z0-9_-]{0,31}", "a build variant's name, such as cpu or vulkan"),
+    )
+    device: str | None = knob(
+        None,
+        "devices the layers are offloaded to (--device): names from llama-server --list-devices, comma-"
+        "separated, such as Vulkan0; none = no offload; null = every GPU the build finds",
+        matches(
+            r"none|[A-Za-z][A-Za-z0-9_]*(,[A-Za-z][A-Za-z0-9_]*)*", "device names such as Vulkan0, or none"
+        ),
+        flag=("--device", "-dev"),
+    )
+    # ggml-vulkan enumerates discrete and integrated GPUs only, unless this names devices: the one way
+    # to reach a CPU-type device such as lavapipe (ggml-vulkan.cpp, ggml_vk_instance_init).
+    vulkan_devices: str | None = knob(
+        None,
+        "Vulkan devices the vulkan build may use, by index (GGML_VK_VISIBLE_DEVICES, such as 0 or 0,1);"
+        " null = every discrete and integrated GPU; a CPU-type device (Mesa's lavapipe) only when named",
+        matches(r"[0-9]+(,[0-9]+)*", "device indexes such as 0 or 0,1"),
+        env="GGML_VK_VISIBLE_DEVICES",
+    )
 
 
 @dataclass(frozen=True)
@@ -160,6 +186,10 @@ class Knob:
     @property
     def identity(self) -> bool:
         return self.row.identity
+
+    @property
+    def env(self) -> str | None:
+        return self.row.env
 
     def flags(self) -> tuple[Flag[LlamaKnobs], ...]:
         if not self.row.flag:

@@ -19,6 +19,11 @@ LLAMA_API_KEY bearer secret. Switches make it misbehave:
   --answer-seconds S            take S seconds to answer a completion (a request stays in flight that long)
   --request-log PATH            append one JSON line per POST received: pid, path, whether MARKER was in it
                                 and the body's first 2000 characters (written before any abort)
+  --cpu-fallback                with -ngl and a device, still report 0 layers offloaded
+
+GPU, as a vulkan build on a machine whose only device is lavapipe: ``--list-devices`` lists one device
+only when GGML_VK_VISIBLE_DEVICES names it (the real ggml-vulkan skips CPU-type devices otherwise), and
+a load with -ngl N > 0 reports ``offloaded min(N, 31)/31 layers to GPU`` and a Vulkan0 model buffer.
 """
 
 from __future__ import annotations
@@ -74,7 +79,34 @@ def parse() -> argparse.Namespace:
     p.add_argument("--abort-on")
     p.add_argument("--request-log")
     p.add_argument("--answer-seconds", type=float, default=0.0)
+    p.add_argument("-dev", "--device")
+    p.add_argument("--list-devices", action="store_true")
+    p.add_argument("--cpu-fallback", action="store_true")
     return p.parse_args()
+
+
+LAVAPIPE = "Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)"
+LAYERS = 31
+
+
+def has_device() -> bool:
+    return os.environ.get("GGML_VK_VISIBLE_DEVICES", "").split(",")[0] == "0"
+
+
+def list_devices() -> None:
+    print("Available devices:")
+    print(f"  {LAVAPIPE}" if has_device() else "  (none)")
+    sys.exit(0)
+
+
+def report_offload(a: argparse.Namespace) -> None:
+    asked = int(a.gpu_layers or 0)
+    on = 0 if a.cpu_fallback or not has_device() or a.device == "none" else min(asked, LAYERS)
+    sys.stderr.write(f"load_tensors: offloaded {on}/{LAYERS} layers to GPU\n")
+    sys.stderr.write("load_tensors:   CPU_Mapped model buffer size =    28.62 MiB\n")
+    if on:
+        sys.stderr.write("load_tensors:      Vulkan0 model buffer size =    76.23 MiB\n")
+    sys.stderr.flush()
 
 
 class State:
@@ -161,6 +193,8 @@ def record_request(path: str, route: str, body: str, poisoned: bool) -> None:
 
 def main() -> None:
     a = parse()
+    if a.list_devices:
+        list_devices()
     State.args = a
     State.secret = os.environ.get("LLAMA_API_KEY", "")
     if a.ignore_sigterm:
@@ -169,6 +203,7 @@ def main() -> None:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log(f"loading model '{a.model}'")
+    report_offload(a)
     if a.exit_during_load is not None:
         log("error: failed to load model (fake)")
         time.sleep(0.1)

@@ -88,7 +88,7 @@ READYZ = {
     "queued": 0,
     "models": {
         "chat": {"state": "READY", "residency": "always", "slots": 1, "ctx_per_slot": 512, "uptime_s": 61,
-                 "restarts": 0},
+                 "restarts": 0, "offload": {"layers": "31/31", "devices": ["Vulkan0"]}},
         "embed": {"state": "READY", "residency": "always", "slots": 2, "ctx_per_slot": 256, "uptime_s": 30,
                   "restarts": 3, "last_failure": "killed by SIGKILL from outside (out of memory?)"},
     },
@@ -102,12 +102,22 @@ def _identity(alias: str, sha: str) -> dict[str, Any]:
     }
 
 
+LAVAPIPE = {"name": "Vulkan0", "description": "llvmpipe (LLVM 15.0.6, 256 bits)"}
 IDENTITY = {
     **_identity("chat", "c" * 8),
-    "llama_cpp": {"commit": "0c1e570"},
+    "llama_cpp": {"commit": "0c1e570", "variant": "vulkan", "patches": ["p (sha256 ab)"]},
     "binary": {"path": "/bin/llama-server", "sha256": "b" * 8},
     "host": {},
-    "models": {"chat": _identity("chat", "c" * 8), "embed": _identity("embed", "e" * 8)},
+    "models": {
+        "chat": {
+            **_identity("chat", "c" * 8),
+            "device": {"variant": "vulkan", "gpu_layers": 99, "device": LAVAPIPE},
+        },
+        "embed": {
+            **_identity("embed", "e" * 8),
+            "device": {"variant": "cpu", "gpu_layers": 0, "device": None},
+        },
+    },
 }
 
 
@@ -122,7 +132,10 @@ def test_status_prints_each_model_and_not_the_first_ones_figures_as_the_daemons(
 ) -> None:
     assert main(["status", "--url", f"127.0.0.1:{stub}", "--key", "k"]) == 0
     out = capsys.readouterr().out
-    assert "    chat           READY (always), 1 slots x 512 tokens, uptime 1m 1s, restarts 0\n" in out
+    assert (
+        "    chat           READY (always), 1 slots x 512 tokens, uptime 1m 1s, restarts 0,"
+        " offloaded 31/31 layers to Vulkan0\n"
+    ) in out
     assert (
         "    embed          READY (always), 2 slots x 256 tokens, uptime 0m 30s, restarts 3,"
         " last failure killed by SIGKILL from outside (out of memory?)\n"
@@ -134,3 +147,9 @@ def test_status_prints_each_model_and_not_the_first_ones_figures_as_the_daemons(
     # Each model's file and settings from /admin/identity.
     assert "  model chat\n    model file   /m/chat.gguf (10 bytes) sha256 cccccccc\n" in out
     assert "  model embed\n    model file   /m/embed.gguf (10 bytes) sha256 eeeeeeee\n" in out
+    # Which build and where the layers go: the variant once, the device per model (the CPU one: none).
+    assert "  variant      vulkan (1 patch(es): p (sha256 ab))\n" in out
+    assert (
+        "    device       vulkan build, gpu_layers 99 on Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits))\n" in out
+    )
+    assert out.count("    device ") == 1

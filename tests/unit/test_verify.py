@@ -91,7 +91,7 @@ def test_verify_before_any_build_says_to_build(
 ) -> None:
     proj = fake_project(tmp_path, monkeypatch)
     code, out, _ = _run(capsys, "verify", "--lock", str(proj.lock), "--no-serve")
-    assert code == 1 and "run 'llamagate build'" in out
+    assert code == 1 and "run 'llamagate build --variant cpu'" in out
 
 
 def test_version_mismatch_fails_showing_expected_and_found(
