@@ -79,6 +79,11 @@ async def smoke_decode(
         argv += ["--port", str(port), "-ngl", str(gpu_layers), "-np", "1", "-c", "512", "--no-ui"]
         if knobs is not None and knobs.device is not None:
             argv += ["--device", knobs.device]
+        if gpu_layers:
+            # Where the layers went is said by libllama's INFO lines, which print at -lv 4 only. That
+            # level also prints the last 4 characters of this run's secret and a line per request:
+            # acceptable for a private one-token child whose secret dies with it (the daemon's stay at 3).
+            argv += ["-lv", "4"]
         log_path = tmp / "llama-server.log"
         started = time.monotonic()
         with log_path.open("wb") as log_fh:

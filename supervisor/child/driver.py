@@ -33,7 +33,7 @@ from typing import Any
 from proxy.source import UpstreamSnapshot
 from supervisor.child.gate import readiness_gate
 from supervisor.child.loading import LOAD_SAMPLE_S, LoadProgress, LoadTimes
-from supervisor.child.log import LineFilter, first_error, is_error, is_noise, offload_fact
+from supervisor.child.log import LineFilter, first_error, is_error, is_noise
 from supervisor.child.machine import (
     Action,
     Event,
@@ -131,8 +131,6 @@ class _Child:
     output_seen: asyncio.Event = field(default_factory=asyncio.Event)
     scrub: LineFilter = field(default_factory=LineFilter)
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    # Where its loader put the layers (child.log.offload_fact): {"layers": "19/19", "devices": [...]}.
-    offload: dict[str, Any] = field(default_factory=lambda: {"layers": None, "devices": []})
 
     @property
     def base_url(self) -> str:
@@ -234,8 +232,6 @@ class ChildSupervisor:
             "child_pid": self.child_pid,
             "child_port": self._child.port if self.child_pid is not None and self._child else None,
             "last_reload": self.last_reload,
-            # Where the running child's loader put the layers; None before it has said.
-            "offload": dict(self._child.offload) if self._child is not None else None,
             "supervision": {
                 "health_interval_s": self.health_interval_s,
                 "health_timeout_s": self.health_timeout_s,
@@ -603,13 +599,7 @@ class ChildSupervisor:
             return
         if not is_noise(line, gpu_layers=child.spec.llama.gpu_layers):
             self.tail.append(line)
-        fact = offload_fact(line)
-        if fact is not None:
-            kind, value = fact
-            if kind == "layers":
-                child.offload["layers"] = value
-            elif value not in child.offload["devices"]:
-                child.offload["devices"].append(value)
+
         # DEBUG noise unless they report an error.
         self.child_log.log(
             logging.WARNING if is_error(line) else logging.DEBUG,

@@ -99,8 +99,10 @@ def first_error(lines: Iterable[str], limit: int = 300) -> str | None:
 
 
 # Where the model's layers went, as llama-server's loader reports it (src/llama-model.cpp,
-# load_tensors): "offloaded 19/19 layers to GPU", then one "<buffer> model buffer size = N MiB" per
-# backend buffer (CPU_Mapped, CPU_REPACK... for the host; Vulkan0, CUDA0... for a device).
+# load_tensors): "offloaded 31/31 layers to GPU", then one "<buffer> model buffer size = N MiB" per
+# backend buffer (CPU_Mapped, CPU_REPACK... for the host; Vulkan0, CUDA0... for a device). libllama's
+# INFO lines print at verbosity 4 (-lv 4) only (common/log.cpp maps them to TRACE): the supervised child
+# runs at 3 and never shows them; verify's private smoke child asks for them.
 _OFFLOADED = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers to GPU")
 _BUFFER = re.compile(r"load_tensors: +([A-Za-z][A-Za-z0-9_]*) model buffer size = +([0-9.]+) MiB")
 

@@ -149,10 +149,6 @@ def _print_models(models: dict[str, Any], last_reload: object) -> None:
             f" {m.get('ctx_per_slot')} tokens, uptime {_fmt_duration(m.get('uptime_s'))},"
             f" restarts {m.get('restarts', '-')}"
         )
-        offload = m.get("offload") or {}
-        if offload.get("layers"):
-            on = ", ".join(offload.get("devices") or []) or "no device"
-            line += f", offloaded {offload['layers']} layers to {on}"
         if m.get("last_failure"):
             line += f", last failure {m['last_failure']}"
         if m.get("last_reload") not in (None, last_reload):  # its own outcome, when not the daemon's

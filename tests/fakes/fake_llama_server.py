@@ -23,7 +23,7 @@ LLAMA_API_KEY bearer secret. Switches make it misbehave:
 
 GPU, as a vulkan build on a machine whose only device is lavapipe: ``--list-devices`` lists one device
 only when GGML_VK_VISIBLE_DEVICES names it (the real ggml-vulkan skips CPU-type devices otherwise), and
-a load with -ngl N > 0 reports ``offloaded min(N, 31)/31 layers to GPU`` and a Vulkan0 model buffer.
+a load at -lv 4 reports ``offloaded min(N, 31)/31 layers to GPU`` (N of -ngl) and a Vulkan0 model buffer.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--request-log")
     p.add_argument("--answer-seconds", type=float, default=0.0)
     p.add_argument("-dev", "--device")
+    p.add_argument("-lv", "--verbosity", type=int, default=3)
     p.add_argument("--list-devices", action="store_true")
     p.add_argument("--cpu-fallback", action="store_true")
     return p.parse_args()
@@ -100,6 +101,8 @@ def list_devices() -> None:
 
 
 def report_offload(a: argparse.Namespace) -> None:
+    if a.verbosity < 4:
+        return  # libllama's INFO lines: at -lv 4 only, as in the real one
     asked = int(a.gpu_layers or 0)
     on = 0 if a.cpu_fallback or not has_device() or a.device == "none" else min(asked, LAYERS)
     sys.stderr.write(f"load_tensors: offloaded {on}/{LAYERS} layers to GPU\n")

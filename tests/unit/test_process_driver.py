@@ -286,7 +286,7 @@ async def test_draining_turns_readiness_off_at_once(tmp_path: Path) -> None:
     assert snap.state == "READY" and not snap.ready
     assert snap.reason == "draining: the daemon is stopping"
     assert snap.base_url is not None  # in-flight requests still reach the child
-    shown = {"uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds", "last_reload", "offload"}
+    shown = {"uptime_s", "ready_for_s", "restarts", "last_failure", "load_seconds", "last_reload"}
     assert set(snap.info) == shown
 
 
