@@ -46,7 +46,17 @@ _UNSAFE_OPTION = re.compile(r"[\s\]\[;$\\\"]")
 
 DEFAULT_VARIANT = "cpu"
 _TOP_KEYS = {"format", "llama_cpp", "build", "source", "reference", "variant"}
-_VARIANT_KEYS = {"description", "cmake_args", "patch", "requires", "packages", "reference"}
+_VARIANT_KEYS = {
+    "description",
+    "cmake_args",
+    "patch",
+    "requires",
+    "packages",
+    "runtime_packages",
+    "reference",
+}
+# What a variant's table says that is no input of its build: left out of its digest.
+_NOT_INPUTS = ("reference", "description", "runtime_packages")
 _PATCH_KEYS = {"name", "sha256", "text"}
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]*")
@@ -108,6 +118,7 @@ class Variant:
     patches: tuple[Patch, ...]
     requires: tuple[str, ...]  # programs the build runs, checked on PATH before anything is fetched
     packages: tuple[str, ...]  # the Debian packages that bring them (and the headers and libraries)
+    runtime_packages: tuple[str, ...]  # what the binary needs to run (a container's runtime stage)
     reference: Reference | None
 
 
@@ -130,6 +141,7 @@ class Lock:
     patches: tuple[Patch, ...] = ()
     requires: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
+    runtime_packages: tuple[str, ...] = ()
     variants: tuple[str, ...] = (DEFAULT_VARIANT,)  # every build the lock declares, the default first
 
 
@@ -167,6 +179,7 @@ def parse_lock(text: str, path: Path, variant: str = DEFAULT_VARIANT) -> Lock:
         patches=chosen.patches,
         requires=chosen.requires,
         packages=chosen.packages,
+        runtime_packages=chosen.runtime_packages,
         reference=chosen.reference,
         digest=lock_digest(raw, chosen.name),
         variants=names,
@@ -177,12 +190,12 @@ def lock_digest(raw: Mapping[str, Any], variant: str = DEFAULT_VARIANT) -> str:
     """sha256 of the build inputs in canonical JSON (sorted keys, no whitespace, UTF-8).
 
     The default build's inputs are every table but ``reference`` and ``variant`` (so its digest is the
-    one it had before variants existed); a variant's are those plus its own table, less its reference
-    and description, under the key ``variant`` with its name."""
+    one it had before variants existed); a variant's are those plus its own table, less what is no
+    input of the build (``_NOT_INPUTS``), under the key ``variant`` with its name."""
     inputs: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("reference", "variant")}
     if variant != DEFAULT_VARIANT:
         table = raw["variant"][variant]
-        own = {k: v for k, v in table.items() if k not in ("reference", "description")}
+        own = {k: v for k, v in table.items() if k not in _NOT_INPUTS}
         inputs["variant"] = {"name": variant, **own}
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -420,10 +433,11 @@ def _variants(value: Any, problems: list[str]) -> tuple[Variant, ...]:
         args = _cmake_args(table.get("cmake_args"), problems, where)
         requires = _words(table.get("requires", []), f"{where}.requires", _TARGET, problems)
         packages = _words(table.get("packages", []), f"{where}.packages", _PACKAGE, problems)
+        runtime = _words(table.get("runtime_packages", []), f"{where}.runtime_packages", _PACKAGE, problems)
         patches = _patches(table.get("patch", []), where, problems)
         reference = _reference(table.get("reference"), problems, f"{where}.reference")
         if len(problems) == before:
-            out.append(Variant(name, description, args, patches, requires, packages, reference))
+            out.append(Variant(name, description, args, patches, requires, packages, runtime, reference))
     return tuple(out)
 
 

@@ -48,6 +48,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_variant(parser)
     parser.add_argument("--print-digest", action="store_true", help="print the lock's digest and exit")
     parser.add_argument(
+        "--print-packages",
+        nargs="?",
+        const="build",
+        choices=("build", "runtime"),
+        default=None,
+        help="print the Debian packages the variant's build (or, with 'runtime', its binary) needs,"
+        " space-separated (none for cpu), and exit",
+    )
+    parser.add_argument(
         "--target",
         choices=("llama-server", *TOOLS),
         default=None,
@@ -81,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     lock_path: Path = args.lock or default_lock_path()
     if args.print_digest:
         print(load_lock(lock_path, args.variant).digest)
+        return 0
+    if args.print_packages:
+        lock = load_lock(lock_path, args.variant)
+        print(" ".join(lock.packages if args.print_packages == "build" else lock.runtime_packages))
         return 0
     interruptible()
     started = time.monotonic()

@@ -42,6 +42,8 @@ TOOL_PACKAGES: dict[str, str] = {
     "pg_ctl": "postgresql",
     "pg_isready": "postgresql",
     "psql": "postgresql",
+    # The build applies a lock's source patches with it; build-essential brings it (through dpkg-dev).
+    "patch": "build-essential",
 }
 
 # nginx lives in /usr/sbin, which a non-root user's PATH often lacks.

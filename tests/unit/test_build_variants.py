@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,11 @@ import pytest
 from supervisor.artifacts.build import ensure_binary, find_installed
 from supervisor.artifacts.lock import load_lock
 from supervisor.artifacts.receipt import read_receipt, write_receipt
+from supervisor.cli import main
 from supervisor.errors import BuildError, ToolMissing
 from supervisor.progress import NullProgress
 from tests.fakes.toolchain import FakeProject, fake_project
+from tests.helpers.system import require_tool
 
 # Changes the first line of the fake tree's CMakeLists.txt, which the fake cmake prints when configuring.
 PATCH = """--- a/CMakeLists.txt
@@ -44,12 +45,14 @@ text = '''
 """
 
 
+pytestmark = pytest.mark.needs_tool("patch")
+
+
 @pytest.fixture
 def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeProject:
-    project = fake_project(tmp_path, monkeypatch)
-    real = shutil.which("patch", path="/usr/bin:/bin")
-    assert real is not None, "the patch program (Debian package patch) is needed by the build"
-    (project.bin_dir / "patch").symlink_to(real)
+    patch = require_tool("patch")
+    project = fake_project(tmp_path, monkeypatch)  # PATH: the fake toolchain only, so bring patch
+    (project.bin_dir / "patch").symlink_to(patch)
     return project
 
 
@@ -105,3 +108,20 @@ def test_a_receipt_from_before_variants_reads_as_the_cpu_build(proj: FakeProject
     assert old.variant == "cpu" and old.patches == ()
     write_receipt(old, path)
     assert read_receipt(path) == old
+
+
+def test_build_prints_a_variants_packages_for_ci_and_the_container(
+    proj: FakeProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _add(
+        proj,
+        _variant().replace(
+            'packages = ["fake-gpu-dev"]', 'packages = ["fake-gpu-dev"]\nruntime_packages = ["fake-gpu1"]'
+        ),
+    )
+    lock = ["build", "--lock", str(proj.lock)]
+    assert main([*lock, "--variant", "gpu", "--print-packages"]) == 0
+    assert main([*lock, "--variant", "gpu", "--print-packages", "runtime"]) == 0
+    assert main([*lock, "--print-packages"]) == 0  # the cpu build: nothing beyond the toolchain
+    assert capsys.readouterr().out == "fake-gpu-dev\nfake-gpu1\n\n"
+    assert main([*lock, "--variant", "metal", "--print-packages"]) == 2

@@ -195,3 +195,20 @@ def test_every_documented_podman_build_keeps_the_healthcheck() -> None:
     builds = re.findall(r"podman build[^\n]*", docs)
     assert builds, "docs/deploy.md shows how to build the image with podman"
     assert [b for b in builds if "--format docker" not in b] == []
+
+
+def test_a_gpu_image_serves_its_variant_from_the_baked_config(containerfile: str, tmp_path: Path) -> None:
+    """--build-arg VARIANT=vulkan: the runtime stage's sed adds the variant and GPU_LAYERS to the baked
+    config's llama: section (run here as the image runs it), and the result is a valid config."""
+    _build, final = stages(containerfile)
+    run = next(args for word, args in final if word == "RUN" and "sed -i" in args)
+    expression = re.search(r'sed -i "([^"]+)" /etc/llamagate/config\.yaml', run)
+    assert expression is not None
+    config = tmp_path / "config.yaml"
+    config.write_text((CONTAINER / "config.yaml").read_text())
+    script = expression.group(1).replace("$VARIANT", "vulkan").replace("$GPU_LAYERS", "99")
+    subprocess.run(["sed", "-i", script, str(config)], check=True, timeout=30)
+    cfg = load_config(config)
+    assert (cfg.llama.variant, cfg.llama.gpu_layers) == ("vulkan", 99)
+    assert cfg.llama.slots == load_config(CONTAINER / "config.yaml").llama.slots  # the rest as baked
+    assert "--print-packages runtime" in run and 'if [ "$VARIANT" != cpu ]' in run

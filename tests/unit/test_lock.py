@@ -181,8 +181,10 @@ def test_a_variant_adds_its_args_and_patches_and_has_its_own_digest(tmp_path: Pa
     other = PATCH.replace("+b", "+c")
     assert parse_lock(GOOD + _variant(other), tmp_path / "l", "gpu").digest != gpu.digest
     ref = f'[variant.gpu.reference]\nbinary_sha256 = "{SHA}"\ntoolchain = "t"\n'
-    noted = parse_lock(GOOD + _variant(extra=ref).replace('"d"', '"e"'), tmp_path / "l", "gpu")
+    runtime = 'runtime_packages = ["libvulkan1"]\n'
+    noted = parse_lock(GOOD + _variant(extra=runtime + ref).replace('"d"', '"e"'), tmp_path / "l", "gpu")
     assert noted.digest == gpu.digest and noted.reference is not None and noted.reference.toolchain == "t"
+    assert noted.runtime_packages == ("libvulkan1",)
 
 
 def test_the_shipped_variants_leave_the_cpu_digest_as_it_was() -> None:
@@ -205,6 +207,7 @@ BAD_VARIANTS = [
     ),
     (_variant(extra="jobs = 2\n"), "variant.gpu.jobs: unknown key"),
     (_variant(extra='requires = ["a b"]\n'), "variant.gpu.requires: must be a list of names"),
+    (_variant(extra='packages = ["Bad"]\n'), "variant.gpu.packages: must be a list of names"),
     (
         _variant().replace('cmake_args = ["-DGGML_VULKAN=ON"]', 'cmake_args = ["-S/x"]'),
         "variant.gpu.cmake_args[0]",
