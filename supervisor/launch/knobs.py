@@ -56,12 +56,24 @@ class Row:
     env: str | None = None  # the child's environment variable it sets (instead of a flag)
 
 
-def knob(default: Any, doc: str, check: Check | None = None, **row: Any) -> Any:
+def knob(
+    default: Any,
+    doc: str,
+    check: Check | None = None,
+    *,
+    flag: tuple[str, ...] = (),
+    value: Callable[[LlamaKnobs], str | bool | None] | None = None,
+    also: tuple[Flag[LlamaKnobs], ...] = (),
+    per_model: bool = True,
+    identity: bool = True,
+    env: str | None = None,
+) -> Any:
     """A knob's field: its default, reference text and check (read like every config ``setting``) and
     its ``Row``. Defaults are immutable (tuples): a frozen config holds no shared list."""
     if isinstance(default, list | dict):
         raise TypeError("use a tuple default")
-    return field(default=default, metadata={"doc": doc, "check": check, "knob": Row(**row)})
+    row = Row(flag, value, also, per_model, identity, env)
+    return field(default=default, metadata={"doc": doc, "check": check, "knob": row})
 
 
 def _template_name(k: LlamaKnobs) -> str | None:
