@@ -26,8 +26,9 @@ With ``gpu_layers`` > 0 on a GPU build (``Offload``), the budget has a second si
   KV state        the offloaded layers' share of the KV cache (their cells live with their layers)
   compute         DEVICE_COMPUTE_BYTES + 5 % of the device's weights (the device's compute buffer)
 The host keeps the rest. The device's free memory comes from ``llama-server --list-devices``
-(``budget.devices``); where it could not be read, the budget says so and checks the host side only. A
-software device (Mesa's lavapipe) has no memory of its own: its side is added to the host's.
+(``budget.devices``); where it could not be read, the budget says so, checks the host side only, and
+budgets the host for everything (a llama-server that finds no device keeps the layers there). A software
+device (Mesa's lavapipe) has no memory of its own: its side is added to the host's.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class DeviceSide:
                 f"  free on the device       {mib(d.free_bytes):>12}  ({mib(d.total_bytes)} total, reported)"
             )
         if self.note:
-            out.append(f"  not read: {self.note}; the device side is not checked")
+            out.append(f"  not read: {self.note}; not checked, and the host is budgeted for everything")
         return out
 
 
@@ -217,12 +218,9 @@ class Budget:
             return f"{n / MIB:,.0f} MiB"
 
         on_device = self.device is not None
-        weights = "weights (host's share)" if on_device else "weights (model file)"
-        kv = (
-            "KV state (host's share)"
-            if on_device
-            else f"KV state ({self.slots} x {self.ctx_per_slot} tokens)"
-        )
+        split = on_device and self.device is not None and self.device.device is not None  # a known device
+        weights = "weights (host's share)" if split else "weights (model file)"
+        kv = "KV state (host's share)" if split else f"KV state ({self.slots} x {self.ctx_per_slot} tokens)"
         device_on_host = (
             [f"device memory (host RAM)   {mib(self.device_on_host_bytes):>12}"]
             if self.device_on_host_bytes
@@ -344,8 +342,17 @@ def plan_budget(
             on, layers + 1, weights_on_device, kv_on_device(s, c), compute, offload.device, offload.note
         )
 
+    # What leaves the host: the device's share, once the device is known. Unknown (not listed, the binary
+    # not built yet), the host is budgeted for everything: llama-server finding no device keeps the
+    # layers on the host, and a budget that guessed otherwise would let the host run out.
+    known = offload is not None and offload.device is not None
+    moved_weights = weights_on_device if known else 0
+
+    def moved_kv(s: int, c: int) -> int:
+        return kv_on_device(s, c) if known else 0
+
     def need(s: int, c: int) -> int:
-        host = weights - weights_on_device + runtime + prompt_cache_bytes + kv(s, c) - kv_on_device(s, c)
+        host = weights - moved_weights + runtime + prompt_cache_bytes + kv(s, c) - moved_kv(s, c)
         return host + checkpoints(s, c)
 
     def fits(s: int, c: int) -> bool:
@@ -367,8 +374,8 @@ def plan_budget(
     max_ctx = 256 * largest(1, max(1, ctx_per_slot // 256), lambda k: fits(slots, 256 * k))
     max_slots = largest(1, slots, lambda s: fits(s, ctx_per_slot))
     return Budget(
-        weights_bytes=weights - weights_on_device,
-        kv_bytes=kv(slots, ctx_per_slot) - kv_on_device(slots, ctx_per_slot),
+        weights_bytes=weights - moved_weights,
+        kv_bytes=kv(slots, ctx_per_slot) - moved_kv(slots, ctx_per_slot),
         runtime_bytes=runtime,
         available_bytes=avail,
         headroom_bytes=headroom_bytes,

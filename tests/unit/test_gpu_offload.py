@@ -114,9 +114,9 @@ def test_a_device_too_small_refuses_and_lavapipe_counts_on_the_host() -> None:
     unknown = plan_budget(
         shape, headroom_bytes=0, available=64 << 30, offload=Offload(99, None, "no device listed"), **args
     )
-    assert unknown.fits and "not read: no device listed; the device side is not checked" in "\n".join(
-        unknown.lines()
-    )
+    assert unknown.fits and "not read: no device listed; not checked" in "\n".join(unknown.lines())
+    # Not knowing the device, the host is budgeted as if nothing were offloaded.
+    assert (unknown.weights_bytes, unknown.kv_bytes) == (cpu.weights_bytes, cpu.kv_bytes)
 
 
 def test_prepare_lists_devices_only_when_layers_are_offloaded(tmp_path: Path) -> None:
