@@ -195,6 +195,8 @@ def test_the_shipped_variants_leave_the_cpu_digest_as_it_was() -> None:
     vulkan = load_lock(REPO / "llama-build.lock", "vulkan")
     assert "-DGGML_VULKAN=ON" in vulkan.cmake_args and vulkan.requires == ("glslc",)
     assert [p.name for p in vulkan.patches] == ["ggml-vulkan: build without VK_EXT_layer_settings"]
+    assert vulkan.reference is not None  # built twice from empty caches: the same bytes (docs/build.md)
+    assert vulkan.reference.binary_sha256 != load_lock(REPO / "llama-build.lock").reference.binary_sha256  # type: ignore[union-attr]
     assert load_lock(REPO / "llama-build.lock", "cuda").requires == ("nvcc",)
 
 
