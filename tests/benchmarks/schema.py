@@ -25,6 +25,8 @@ from typing import Any
 from proxy.asgi.body import parse_object
 from proxy.schema import Context, check_body
 from proxy.settings import TenantSettings
+from supervisor.errors import UsageError
+from tests.benchmarks import cli
 
 TENANT = TenantSettings("bench", max_concurrency=4, max_tokens=None)
 CTX = Context(TENANT, admin=False, capacity=4, n_vocab=49152)
@@ -103,10 +105,13 @@ def _per_call_us(fn: Callable[[], object], rounds: int) -> float:
     return statistics.median(runs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=2000)
-    args = parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=2000, help="checks per repetition (2000)")
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise UsageError("--rounds must be >= 1")
     print(f"python {platform.python_version()} on {platform.machine()}, {args.rounds} rounds x 5, median")
     ok = True
     for name, (schema, payload) in BODIES.items():
@@ -129,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and cost <= alarm
         print(f"{name:32} check {cost:8.1f} us   (parse {parse_us:8.1f} us, {len(raw):6} bytes){flag}")
     return 0 if ok else 1
+
+
+def main() -> int:
+    return cli.run("schema", __doc__, add_arguments, handle)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,17 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         == _product_commands()
         == {"run", "sweep", "overload", "experiment", "soak", "scaleout", "conversations"}
     )
-    benchmarks = {"proxy", "proxy_opcodes", "startup", "scrape", "cache", "models", "lease", "store_write"}
+    benchmarks = {
+        "proxy",
+        "proxy_opcodes",
+        "startup",
+        "scrape",
+        "cache",
+        "models",
+        "lease",
+        "store_write",
+        "schema",
+    }
     assert moved == _moved_benchmarks() == benchmarks
 
 
