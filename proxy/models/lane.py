@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 from proxy.admission.gate import SlotGate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.poison import Quarantine
+from proxy.conversations.tier import DiskTier
 from proxy.errors import NotReady
 from proxy.settings import TenantSettings
 from proxy.source import AnnouncesChanges, UpstreamSnapshot, UpstreamSource
@@ -67,6 +68,8 @@ class Lane:
     def __init__(self, entry: ModelEntry, tenants: Iterable[TenantSettings]) -> None:
         self.entry = entry
         self.gate = SlotGate(tenants, capacity=0)
+        # Its conversations' states on disk, under the slots (``proxy.conversations.tier``).
+        self.tier = DiskTier(entry.name)
         # After a death of its child, the replays go one at a time (``proxy.admission.poison``).
         self.quarantine = Quarantine()
         self.last_used = time.monotonic()
