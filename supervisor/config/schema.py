@@ -203,6 +203,12 @@ class _LlamaBase:
     binary: Path | None = setting(None, "explicit llama-server binary; null = the one built from the lock")
     binary_sha256: str | None = setting(None, "expected sha256 of binary (only with binary)", SHA256)
     model: ModelConfig = section(ModelConfig, "the served model")
+    state_dir: Path | None = setting(
+        None,
+        "folder of the conversations' states on disk (llama.state_disk_mib), one private folder per model"
+        " and identity inside; null = $STATE_DIRECTORY/conversations under systemd, else"
+        " $XDG_STATE_HOME/llamagate/conversations",
+    )
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,7 @@ if TYPE_CHECKING:
         cache_type_v: CacheType
         prompt_cache_mib: int
         ctx_checkpoints: int
+        state_disk_mib: int | None
         extra_args: tuple[str, ...]
         chat_template: NameOrPath | None
 

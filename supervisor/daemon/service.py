@@ -156,7 +156,9 @@ class Daemon:
 
     # --- the served models ---------------------------------------------------------------------------
     def _host(self, model: PreparedModel) -> ModelHost:
-        return ModelHost(model, self._supervisor_for, self.models.load)
+        host = ModelHost(model, self._supervisor_for, self.models.load)
+        host.before_stop = lambda: self.proxy.save_states(host.name)
+        return host
 
     def _supervisor_for(self, name: str, prepared: Prepared) -> ChildSupervisor:
         s = self.supervision

@@ -15,6 +15,7 @@ from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from proxy.source import SlotStates
 from supervisor.launch import knobs
 from supervisor.launch.knobs import Flag
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         reranking: bool
         extra_args: tuple[str, ...]
         chat_template: str | None
+        slot_states: SlotStates | None
 
         def __init__(self, binary: Path, model: Path, alias: str, port: int, *a: Any, **kw: Any) -> None: ...
 
@@ -52,7 +54,9 @@ else:
     LaunchSpec = make_dataclass(
         "LaunchSpec",
         [("binary", Path), ("model", Path), ("alias", str), ("port", int)]
-        + [(k.name, k.type, field(default=k.default)) for k in knobs.KNOBS],
+        + [(k.name, k.type, field(default=k.default)) for k in knobs.KNOBS]
+        # The disk tier's folder and what it checks (daemon/state_disk.py); None: off.
+        + [("slot_states", SlotStates | None, field(default=None))],
         frozen=True,
     )
     LaunchSpec.__module__ = __name__
@@ -71,6 +75,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("-sps", "--slot-prompt-similarity"), lambda s: "1.0"),
     Flag(("--no-cache-idle-slots", "--cache-idle-slots"), lambda s: True),
     *(flag for k in knobs.KNOBS for flag in k.flags()),
+    # The private folder of the child's identity: the proxy saves and restores its slots there.
+    Flag(("--slot-save-path",), lambda s: s.slot_states.directory if s.slot_states is not None else None),
 )
 
 _VIA_ENV = "the per-boot secret travels in LLAMA_API_KEY, never in argv (visible to every user in ps)"

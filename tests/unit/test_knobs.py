@@ -130,7 +130,7 @@ def test_the_type_checkers_views_agree_with_the_table() -> None:
         assert by_name[name].per_model
         assert eval(annotation, namespace) == by_name[name].type | None, name
     spec = _checker_view(ROOT / "supervisor/launch/flags.py", "LaunchSpec")
-    fixed = {"binary", "model", "alias", "port", "__dataclass_fields__"}
+    fixed = {"binary", "model", "alias", "port", "slot_states", "__dataclass_fields__"}
     assert set(spec) - fixed <= set(by_name)
     # At run time every knob is a field of each, with the row's default (the schema's with its doc).
     fields = {f.name: f for f in dataclasses.fields(schema.LlamaConfig)}
