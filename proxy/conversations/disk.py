@@ -78,7 +78,9 @@ class Entry:
 def private_folder(path: Path) -> None:
     """``path`` as a folder only this user can enter (made 0700 with its missing parents); refused when
     it is a link, not a folder, or another user's."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):  # parents first, each 0700 (``mkdir(parents=True)`` uses the umask)
+        folder.mkdir(mode=0o700, exist_ok=True)
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"{path} is not a folder (a link or a file)")
@@ -193,9 +195,12 @@ class StateDir:
         if entry is not None:
             self._entries[key] = Entry(**{**asdict(entry), "used": self._clock()})
 
-    def forget(self, key: str) -> None:
-        """Remove ``key``'s state (it failed to restore: never try it again)."""
-        self._forget(key)
+    def forget(self, key: str, file: str) -> None:
+        """Remove ``key``'s state when it is still ``file`` (it failed to restore: never offered again; a
+        newer state saved meanwhile, by us or another replica, stays)."""
+        entry = self._read_meta(key)
+        if entry is None or entry.file == file:
+            self._forget(key)
 
     # --- the folder -------------------------------------------------------------------------------------
     def rescan(self) -> None:

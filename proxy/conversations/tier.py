@@ -22,8 +22,10 @@ The policy, for a turn of conversation C placed on slot S (``before_turn``):
    state was restored must show it in the child's own cached count (``cached_tokens``/``cache_n``): at
    least ``REUSED_SHARE`` of what was restored (or of the prompt, when shorter). A miss is counted
    (the turn was still computed correctly: llama-server evaluates whatever it did not reuse); after
-   ``MISSES_TO_STOP`` misses in a row the tier stops restoring for the model and says so in the log
-   (llama.cpp issue 26676 reports restores that are silently not reused).
+   ``MISSES_TO_STOP`` misses in a row, of more than one tenant, the tier stops restoring for the model
+   and says so in the log (llama.cpp issue 26676 reports restores that are silently not reused). A
+   tenant's own misses in a row stop restores for that tenant only: a client that rewrites its history
+   misses by its own doing, and must not turn the tier off for everyone.
 
 Before a child stops on purpose (SIGHUP reload, idle unload, drain, stop) ``save_slots`` saves every slot
 whose state is newer than its file; the next child of the same identity restores them on demand. A crash
@@ -123,7 +125,8 @@ class DiskTier:
         self._dirty: dict[
             str, str
         ] = {}  # conversation key -> tenant: its slot's state is newer than its file
-        self._misses = 0
+        self._misses: list[str] = []  # the tenants of the misses in a row (any tenant's hit ends it)
+        self._tenant_misses: Counter[str] = Counter()  # each tenant's own misses in a row
         self._lock = asyncio.Lock()  # one index change at a time (the file work runs in threads)
 
     @property
@@ -149,11 +152,11 @@ class DiskTier:
             return None
         replaced = pin.replaced
         if replaced != key and replaced in self._dirty:
-            await self._save(folder, child, pin.slot, replaced, self._dirty[replaced])
+            await self._save(folder, child, pin.slot, replaced)
         if key is None:
             return None
         turn = Turn(key, tenant)
-        if replaced != key and self.restoring:
+        if replaced != key and self.restores_for(tenant):
             turn.restored = await self._restore(folder, child, pin.slot, key, tenant)
         return turn
 
@@ -174,16 +177,29 @@ class DiskTier:
         if not turn.restored:
             return
         if cached >= REUSED_SHARE * min(turn.restored, prompt):
-            self._misses = 0
+            self._misses.clear()
+            self._tenant_misses[turn.tenant] = 0
             return
         self.stats.misses[turn.tenant] += 1
-        self._misses += 1
-        if self._misses >= MISSES_TO_STOP and self.restoring:
+        self._misses.append(turn.tenant)
+        self._tenant_misses[turn.tenant] += 1
+        if self._tenant_misses[turn.tenant] == MISSES_TO_STOP:
+            _log.warning(
+                "conversation states restored from disk were not reused: restores stopped for the tenant",
+                extra={
+                    "fields": {"model": self.model, "tenant": turn.tenant, "misses_in_a_row": MISSES_TO_STOP}
+                },
+            )
+        if len(self._misses) >= MISSES_TO_STOP and len(set(self._misses)) > 1 and self.restoring:
             self.restoring = False
             _log.warning(
                 "conversation states restored from disk were not reused: restores stopped for the model",
-                extra={"fields": {"model": self.model, "misses_in_a_row": self._misses}},
+                extra={"fields": {"model": self.model, "misses_in_a_row": len(self._misses)}},
             )
+
+    def restores_for(self, tenant: str) -> bool:
+        """Restores are on for the model and ``tenant``."""
+        return self.restoring and self._tenant_misses[tenant] < MISSES_TO_STOP
 
     # --- a planned stop ---------------------------------------------------------------------------------
     async def save_slots(
@@ -201,11 +217,7 @@ class DiskTier:
             return 0
         saved = 0
         for slot, key in enumerate(held):
-            if (
-                key in self._dirty
-                and not busy[slot]
-                and await self._save(folder, child, slot, key, self._dirty[key])
-            ):
+            if key in self._dirty and not busy[slot] and await self._save(folder, child, slot, key):
                 saved += 1
         return saved
 
@@ -226,7 +238,9 @@ class DiskTier:
         if states is None:
             return
         if old is None or old.identity != states.identity:
-            self.restoring, self._misses = True, 0
+            self.restoring = True
+            self._misses.clear()
+            self._tenant_misses.clear()
         try:
             self._dir = StateDir(states)
         except (OSError, StateDirError) as exc:
@@ -236,7 +250,10 @@ class DiskTier:
                 extra={"fields": {"model": self.model, "error": self._broken}},
             )
 
-    async def _save(self, folder: StateDir, child: SlotActions, slot: int, key: str, tenant: str) -> bool:
+    async def _save(self, folder: StateDir, child: SlotActions, slot: int, key: str) -> bool:
+        # Taken off first: a turn of the same conversation on another slot that ends meanwhile makes its
+        # newer state dirty again, and that mark must stay.
+        tenant = self._dirty.pop(key)
         temp = folder.temp_name()
         started = time.monotonic()
         try:
@@ -244,7 +261,7 @@ class DiskTier:
             async with self._lock:
                 _, evicted = await asyncio.to_thread(folder.commit, temp, key, tenant, result.tokens)
         except (SlotActionFailed, OSError, TimeoutError) as exc:
-            self._dirty.pop(key, None)  # its state leaves the slot all the same: the file keeps the last one
+            # Its state leaves the slot all the same: the file keeps the one saved before.
             await asyncio.to_thread(folder.discard_temp, temp)
             self.stats.save_failures[tenant] += 1
             _log.warning(
@@ -254,7 +271,6 @@ class DiskTier:
                 },
             )
             return False
-        self._dirty.pop(key, None)
         self.stats.saves[tenant] += 1
         self.stats.save_bytes[tenant] += result.bytes
         seconds = self.stats.save_seconds
@@ -277,7 +293,7 @@ class DiskTier:
             # The child cleared the slot: the turn is computed. A file it refuses is never offered again.
             self.stats.refused[tenant, "failed"] += 1
             async with self._lock:
-                await asyncio.to_thread(folder.forget, key)
+                await asyncio.to_thread(folder.forget, key, entry.file)
             _log.warning(
                 "a conversation state could not be restored: removed",
                 extra={

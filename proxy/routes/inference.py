@@ -100,12 +100,13 @@ _T = TypeVar("_T")
 class _Plan:
     """How this request goes to the child and back."""
 
-    __slots__ = ("assemble", "hide", "stream")
+    __slots__ = ("assemble", "hide", "reuse", "stream")
 
-    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool) -> None:
+    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool, reuse: bool = True) -> None:
         self.stream = stream  # the client asked for a stream
         self.assemble = assemble  # non-streamed for the client, streamed from the child
         self.hide = hide  # strip prompt-cache detail from the answer
+        self.reuse = reuse  # may reuse cached state (not "cache_prompt": false): the disk tier keeps it
 
 
 class _Request:
@@ -267,7 +268,12 @@ class Inference:
             if cid is not None:
                 conversation = conversation_key(tenant.name, cid)
                 ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
-        req.plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+        req.plan = _Plan(
+            stream,
+            assemble,
+            hide=not (admin or tenant.show_cache_details),
+            reuse=payload.get("cache_prompt") is not False,  # disk tier
+        )
         req.account = open_account(
             state,
             ctx,
@@ -350,7 +356,7 @@ class Inference:
                         snap.generation,
                         ChildSlots(self.state.upstream, snap, ctx.request_id),
                         pin,
-                        grant.ask.conversation,
+                        grant.ask.conversation if req.plan.reuse else None,
                         req.tenant.name,
                     )
                     tap = req.account.tap(self.fmt)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.conversations.slots import SlotMap
-from proxy.conversations.tier import MISSES_TO_STOP, DiskTier, SlotActionFailed, SlotResult
+from proxy.conversations.tier import MISSES_TO_STOP, DiskTier, SlotActionFailed, SlotResult, Turn
 from proxy.source import SlotStates
 
 A, B, C = "a" * 32, "b" * 32, "c" * 32
@@ -107,11 +107,28 @@ async def test_restores_not_reused_are_misses_and_repeated_misses_stop_them(
     for _ in range(MISSES_TO_STOP):
         await _turn(tier, child, m, states, B, 10, cached=0)  # saves A (and restores B after the first)
         await _turn(tier, child, m, states, A, 10, cached=0)  # restored, then not reused
-    assert tier.stats.misses["t"] >= MISSES_TO_STOP and not tier.restoring
-    assert "restores stopped for the model" in caplog.text
+    # One tenant's misses: restores stop for it (the model's other tenants keep theirs).
+    assert tier.stats.misses["t"] >= MISSES_TO_STOP and not tier.restores_for("t")
+    assert tier.restoring and tier.restores_for("u")
+    assert "restores stopped for the tenant" in caplog.text
     restores = child.actions.count(("restore", 0))
     await _turn(tier, child, m, states, B, 10)
     assert child.actions.count(("restore", 0)) == restores, "no restore after the tier stopped them"
+
+
+async def test_misses_in_a_row_of_several_tenants_stop_restores_for_the_model(
+    states: SlotStates, caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = DiskTier("m")
+    for tenant in ("t", "u", "t"):
+        tier.after_turn(Turn(A, tenant, restored=100), 120, 3)  # restored 100 tokens, 3 reused
+    assert not tier.restoring and not tier.restores_for("u")
+    assert "restores stopped for the model" in caplog.text
+    # A hit between misses starts the count again.
+    tier = DiskTier("m")
+    for tenant, cached in (("t", 3), ("u", 3), ("u", 100), ("t", 3)):
+        tier.after_turn(Turn(A, tenant, restored=100), 120, cached)
+    assert tier.restoring and tier.stats.misses == {"t": 2, "u": 1}
 
 
 async def test_a_restore_the_child_refuses_is_counted_and_the_file_never_offered_again(
