@@ -74,6 +74,9 @@ class ModelHost:
         # Before its child stops on purpose (unload, reload, stop): the proxy saves the conversation
         # states of its slots to disk (``ProxyWiring.save_states``); set by the daemon.
         self.before_stop: Callable[[], Awaitable[object]] | None = None
+        # Two stops at once (the daemon's and its model loop's) both wait for one save before the child
+        # goes: the second finds nothing left to save, never a child stopped under the first's save.
+        self._saving = asyncio.Lock()
 
     @property
     def name(self) -> str:
@@ -124,7 +127,7 @@ class ModelHost:
         if self.before_stop is None:
             return
         try:
-            async with asyncio.timeout(SAVE_STATES_S):
+            async with self._saving, asyncio.timeout(SAVE_STATES_S):
                 await self.before_stop()
         except Exception as exc:
             log.warning(

@@ -131,6 +131,20 @@ def sweep(root: Path, alias: str, keep: str) -> None:
             )
 
 
+def drop(old: SlotStates | None, kept: SlotStates | None) -> None:
+    """Remove ``old``'s folder unless the model still uses it (``kept``): its identity is no longer
+    served (a reload changed it, turned the tier off or removed the model)."""
+    if old is None or (kept is not None and kept.directory == old.directory):
+        return
+    path = Path(old.directory)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+        log.info(
+            "conversation states of an identity no longer served removed",
+            extra={"fields": {"folder": str(path)}},
+        )
+
+
 def _free_bytes(folder: Path) -> int:
     for path in (folder, *folder.parents):
         if path.exists():
