@@ -87,7 +87,7 @@ def _plan(args: argparse.Namespace) -> int:
         for line in budget.lines():
             print(f"  {line}")
         print("fits" if budget.fits else budget.refusal())
-        print(disk.line(spec.alias))
+        print(disk.line(spec.alias) + _on_disk(disk, budget.state_1k_bytes))
     return 0 if budget.fits else 1
 
 
@@ -134,7 +134,9 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         print(f"  argv     {' '.join(argv)}")
         for line in budget.lines():
             print(f"  {line}")
-        print(f"  {disks[served.name].line(served.name)}")
+        print(
+            f"  {disks[served.name].line(served.name)}{_on_disk(disks[served.name], budget.state_1k_bytes)}"
+        )
     print(
         f"every always model + the largest on_demand one: {need / mib:,.0f} MiB needed,"
         f" {usable / mib:,.0f} MiB usable"
@@ -152,3 +154,10 @@ def _digest(binary: Path | None) -> str:
     if binary is None or not binary.is_file():
         return "unbuilt"
     return sha256_file(binary)
+
+
+def _on_disk(disk: DiskPlan, state_1k_bytes: int | None) -> str:
+    """How many conversations of 1,024 tokens the disk budget keeps (", N of 1,024 tokens")."""
+    if disk.states is None or not state_1k_bytes:
+        return ""
+    return f", {disk.states.budget_bytes // state_1k_bytes:,} conversations of 1,024 tokens"
