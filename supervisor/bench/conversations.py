@@ -83,6 +83,8 @@ class TargetResult:
     seconds: float = 0.0
     event: str | None = None
     event_turn: int | None = None  # the 0-based turn right after the event
+    # A daemon's disk tier at the end (its /metrics: saves, restores, bytes, seconds, misses); None: bare.
+    tier: dict[str, float] | None = None
 
     def later(self) -> list[Turn]:
         return [t for t in self.turns if t.turn > 0]
@@ -108,6 +110,7 @@ class TargetResult:
             },
             "seconds": round(self.seconds, 1),
             **self._after_event(),
+            **({"tier": self.tier} if self.tier is not None else {}),
         }
 
     def _after_event(self) -> dict[str, Any]:
@@ -240,6 +243,15 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
             + " | ".join(f"{ttft.get(k, 0):,.0f}" for k in turns)
             + " |"
         )
+    tiers = [r for r in results if r.tier]
+    if tiers:
+        lines += [
+            "",
+            "| target | saves | saved | ms per MiB | restores | restored | ms per MiB | misses |",
+        ]
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in tiers:
+            lines.append(f"| {r.target} | " + tier_cells(r.tier or {}) + " |")
     events = [r for r in results if r.event is not None]
     if events:
         lines += ["", "| target | event | turn after it: of its reusable maximum |", "|---|---|---:|"]
@@ -248,6 +260,27 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
             lines.append(f"| {r.target} | {r.event} | {100 * s['after_event_of_reusable']:.0f} % |")
     lines += ["", *notes]
     return "\n".join(lines) + "\n"
+
+
+def tier_cells(t: dict[str, float]) -> str:
+    """A tier's figures as table cells: counts, MiB, and the gateway's wall time per MiB (the save's
+    includes the child's write and our hash and rename; the restore's the hash and the child's read)."""
+    mib = 2**20
+
+    def per_mib(seconds: float, nbytes: float) -> str:
+        return f"{1000 * seconds / (nbytes / mib):.1f}" if nbytes else "-"
+
+    return " | ".join(
+        (
+            f"{t.get('saves', 0):.0f}",
+            f"{t.get('save_bytes', 0) / mib:,.0f} MiB",
+            per_mib(t.get("save_seconds", 0), t.get("save_bytes", 0)),
+            f"{t.get('restores', 0):.0f}",
+            f"{t.get('restore_bytes', 0) / mib:,.0f} MiB",
+            per_mib(t.get("restore_seconds", 0), t.get("restore_bytes", 0)),
+            f"{t.get('misses', 0):.0f}",
+        )
+    )
 
 
 def to_dict(results: Sequence[TargetResult], work: Workload) -> dict[str, Any]:

@@ -36,6 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from supervisor.bench import conversations, hostload, options
 from supervisor.bench.client import Target
 from supervisor.bench.commands.run import write_provenance
@@ -196,6 +199,30 @@ class _Across:
         self.launched.stop()
 
 
+_TIER = "llamagate_conversation_state_"
+
+
+def _tier_figures(launched: object) -> dict[str, float] | None:
+    """A daemon's disk tier figures, summed over tenants, from its /metrics (None for another target)."""
+    if not isinstance(launched, PrivateDaemon):
+        return None
+    r = httpx.get(
+        launched.base_url + "/metrics", headers=launched.target.headers(), timeout=30, trust_env=False
+    )
+    r.raise_for_status()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        if family.name.startswith(_TIER) and family.type == "counter":
+            name = family.name.removeprefix(_TIER)
+            out[name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+        elif family.name == "llamagate_prompt_tokens_by_source":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    key = "prompt_tokens_" + s.labels["source"]
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
 def _loaded(d: PrivateDaemon) -> bool:
     models = d.admin_identity().get("models") or {}
     return any(isinstance(m, dict) and m.get("loaded") for m in models.values())
@@ -269,6 +296,7 @@ def _handle(args: argparse.Namespace) -> int:
             try:
                 launches.setdefault(name, launched.identity)
                 result = conversations.run(launched.target, name, work, progress, event)
+                result.tier = _tier_figures(across.launched)
             finally:
                 across.stop()
             result.target = name if args.repeats == 1 else f"{name} (round {round_ + 1})"
