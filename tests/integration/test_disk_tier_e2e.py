@@ -12,6 +12,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,15 @@ def test_conversations_get_their_history_back_from_disk(daemon_factory: DaemonFa
     files = states(path)
     assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     assert "--slot-save-path" in d.log_text()
+    # `llamagate status` shows what the folder holds of its budget.
+    shown = subprocess.run(
+        [sys.executable, "-m", "supervisor", "status", "--url", d.base_url, "--key", d.admin_key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert f" of 4,096 MiB in {path}" in shown, shown
 
 
 def test_a_stop_and_start_keeps_the_conversations(daemon_factory: DaemonFactory) -> None:
