@@ -299,3 +299,18 @@ def test_the_tier_can_be_turned_off(daemon_factory: DaemonFactory) -> None:
         chat.turn()
     assert "--slot-save-path" not in d.log_text()
     assert not os.path.exists(d.config["llama"]["state_dir"])
+
+
+def test_two_daemons_sharing_the_folder_hand_a_conversation_over(daemon_factory: DaemonFactory) -> None:
+    # Replicas behind a hash share one folder (a volume): a conversation that moves keeps its state.
+    first = daemon_factory(ONE_SLOT)
+    shared = {**ONE_SLOT, "llama": {**ONE_SLOT["llama"], "state_dir": first.config["llama"]["state_dir"]}}
+    second = daemon_factory(shared)
+    alpha, other = Chat(first, "alpha"), Chat(first, "other")
+    alpha.turn()
+    other.turn()  # alpha's state saved by the first daemon
+    alpha.d, alpha.key = second, second.admin_key  # the conversation moves to the second one
+    answer = alpha.turn()
+    assert cached(answer) >= 0.97 * answer["reusable"], answer["usage"]
+    assert metric(second, "llamagate_conversation_state_restores_total", tenant="default") == 1
+    assert folder(first) == folder(second)
