@@ -99,10 +99,13 @@ class TierStats:
     prompt_tokens: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tenant, source)
     saves: Counter[str] = field(default_factory=Counter)
     save_bytes: Counter[str] = field(default_factory=Counter)
-    save_seconds: dict[str, float] = field(default_factory=dict)
+    save_seconds: dict[str, float] = field(default_factory=dict)  # ours: the wait for the child's loop too
+    # The child's own time on the file (its ``save_ms``/``restore_ms``): its loop, so its other slots, wait.
+    save_child_seconds: dict[str, float] = field(default_factory=dict)
     restores: Counter[str] = field(default_factory=Counter)
     restore_bytes: Counter[str] = field(default_factory=Counter)
     restore_seconds: dict[str, float] = field(default_factory=dict)
+    restore_child_seconds: dict[str, float] = field(default_factory=dict)
     # Restores whose state the turn did not reuse; states not restored, by why (``StateDir.check``,
     # "failed": the child refused it); states evicted for the budget; saves that failed.
     misses: Counter[str] = field(default_factory=Counter)
@@ -273,8 +276,8 @@ class DiskTier:
             return False
         self.stats.saves[tenant] += 1
         self.stats.save_bytes[tenant] += result.bytes
-        seconds = self.stats.save_seconds
-        seconds[tenant] = seconds.get(tenant, 0.0) + time.monotonic() - started
+        _add(self.stats.save_seconds, tenant, time.monotonic() - started)
+        _add(self.stats.save_child_seconds, tenant, result.ms / 1000)
         for gone in evicted:
             self.stats.evicted[gone.tenant] += 1
         return True
@@ -304,6 +307,10 @@ class DiskTier:
         folder.touch(key)
         self.stats.restores[tenant] += 1
         self.stats.restore_bytes[tenant] += result.bytes
-        seconds = self.stats.restore_seconds
-        seconds[tenant] = seconds.get(tenant, 0.0) + time.monotonic() - started
+        _add(self.stats.restore_seconds, tenant, time.monotonic() - started)
+        _add(self.stats.restore_child_seconds, tenant, result.ms / 1000)
         return result.tokens
+
+
+def _add(sums: dict[str, float], tenant: str, seconds: float) -> None:
+    sums[tenant] = sums.get(tenant, 0.0) + seconds

@@ -247,9 +247,10 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
     if tiers:
         lines += [
             "",
-            "| target | saves | saved | ms per MiB | restores | restored | ms per MiB | misses |",
+            "| target | saves | saved | ms/MiB waited | ms/MiB child | restores | restored | ms/MiB waited"
+            " | ms/MiB child | misses |",
         ]
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in tiers:
             lines.append(f"| {r.target} | " + tier_cells(r.tier or {}) + " |")
     events = [r for r in results if r.event is not None]
@@ -263,8 +264,9 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
 
 
 def tier_cells(t: dict[str, float]) -> str:
-    """A tier's figures as table cells: counts, MiB, and the gateway's wall time per MiB (the save's
-    includes the child's write and our hash and rename; the restore's the hash and the child's read)."""
+    """A tier's figures as table cells: counts, MiB, and milliseconds per MiB: as the turn waited (the
+    child's queue, its write or read, our hash and rename) and the child's own (its loop, so its other
+    slots, wait that long)."""
     mib = 2**20
 
     def per_mib(seconds: float, nbytes: float) -> str:
@@ -275,9 +277,11 @@ def tier_cells(t: dict[str, float]) -> str:
             f"{t.get('saves', 0):.0f}",
             f"{t.get('save_bytes', 0) / mib:,.0f} MiB",
             per_mib(t.get("save_seconds", 0), t.get("save_bytes", 0)),
+            per_mib(t.get("save_child_seconds", 0), t.get("save_bytes", 0)),
             f"{t.get('restores', 0):.0f}",
             f"{t.get('restore_bytes', 0) / mib:,.0f} MiB",
             per_mib(t.get("restore_seconds", 0), t.get("restore_bytes", 0)),
+            per_mib(t.get("restore_child_seconds", 0), t.get("restore_bytes", 0)),
             f"{t.get('misses', 0):.0f}",
         )
     )

@@ -74,6 +74,7 @@ def _tier_exposition() -> str:
     for counter in (s.saves, s.save_bytes, s.restores, s.restore_bytes, s.misses, s.evicted, s.save_failures):
         counter["team"] = 1
     s.save_seconds["team"] = s.restore_seconds["team"] = 0.1
+    s.save_child_seconds["team"] = s.restore_child_seconds["team"] = 0.01
     s.refused["team", "changed"] = 1
     registry = CollectorRegistry()
     registry.register(TierCollector(lambda: {"chat": tier}))

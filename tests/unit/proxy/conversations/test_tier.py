@@ -80,6 +80,9 @@ async def test_a_replaced_state_is_saved_once_and_restored_for_its_next_turn(sta
     assert len(child.actions) == 3
     stats = tier.stats
     assert stats.saves["t"] == 2 and stats.restores["t"] == 1 and not stats.misses
+    # The child's own milliseconds (1 each here): how long its loop, so its other slots, waited.
+    assert stats.save_child_seconds["t"] == pytest.approx(0.002)
+    assert stats.restore_child_seconds["t"] == pytest.approx(0.001)
     assert stats.prompt_tokens["t", "disk"] == 10 and stats.prompt_tokens["t", "cache"] == 20
     assert tier.folder is not None and tier.folder.files == 2
 
