@@ -73,7 +73,7 @@ class ModelHost:
         self.sup.observers.append(self._on_change)
         # Before its child stops on purpose (unload, reload, stop): the proxy saves the conversation
         # states of its slots to disk (``ProxyWiring.save_states``); set by the daemon.
-        self.before_stop: Callable[[], Awaitable[object]] | None = None
+        self.before_stop: Callable[[UpstreamSnapshot], Awaitable[object]] | None = None
         # Two stops at once (the daemon's and its model loop's) both wait for one save before the child
         # goes: the second finds nothing left to save, never a child stopped under the first's save.
         self._saving = asyncio.Lock()
@@ -111,7 +111,7 @@ class ModelHost:
     async def stop(self, reason: str) -> None:
         if self.task is None:
             return
-        if self.running and not self.unloading:
+        if self.running:  # an idle unload has marked it unloading already: its child still runs
             await self.save_states()
         self.unloading = True
         if self.running:
@@ -128,7 +128,8 @@ class ModelHost:
             return
         try:
             async with self._saving, asyncio.timeout(SAVE_STATES_S):
-                await self.before_stop()
+                # The child's own snapshot: the host's says UNLOADED as soon as an unload begins.
+                await self.before_stop(self.sup.snapshot())
         except Exception as exc:
             log.warning(
                 "conversation states not saved before the child stopped",

@@ -158,7 +158,7 @@ class Daemon:
     # --- the served models ---------------------------------------------------------------------------
     def _host(self, model: PreparedModel) -> ModelHost:
         host = ModelHost(model, self._supervisor_for, self.models.load)
-        host.before_stop = lambda: self.proxy.save_states(host.name)
+        host.before_stop = lambda snap: self.proxy.save_states(host.name, snap)
         return host
 
     def _supervisor_for(self, name: str, prepared: Prepared) -> ChildSupervisor:

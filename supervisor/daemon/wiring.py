@@ -23,7 +23,7 @@ from proxy.listener.guard import FrontDoor
 from proxy.metrics.proxy import ProxyMetrics
 from proxy.models.lane import Lane, ModelEntry
 from proxy.settings import DoorSettings, ProxySettings
-from proxy.source import UpstreamSource
+from proxy.source import UpstreamSnapshot, UpstreamSource
 from proxy.state import ProxyState
 from proxy.upstream.slot_actions import ChildSlots
 from supervisor.config.proxy_settings import proxy_settings
@@ -144,13 +144,13 @@ class ProxyWiring:
         if lane is not None:
             await lane.drain(timeout_s)
 
-    async def save_states(self, name: str) -> int:
-        """Save the conversation states of the model's child's slots to disk (its child is about to stop
-        on purpose: the next child of the same identity restores them); how many were saved."""
+    async def save_states(self, name: str, snap: UpstreamSnapshot) -> int:
+        """Save the conversation states of the slots of the model's child ``snap`` (its supervisor's
+        own snapshot) to disk: the child is about to stop on purpose, and the next child of the same
+        identity restores them. How many were saved."""
         lane: Lane | None = self._router.lanes.get(name)
         if lane is None:
             return 0
-        snap = lane.entry.source.snapshot()  # not ``lane.snapshot()``: it would resize the gate
         slots = lane.gate.slot_map
         if snap.base_url is None or snap.slot_states is None or slots.generation != snap.generation:
             return 0

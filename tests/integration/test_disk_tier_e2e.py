@@ -314,3 +314,16 @@ def test_two_daemons_sharing_the_folder_hand_a_conversation_over(daemon_factory:
     assert cached(answer) >= 0.97 * answer["reusable"], answer["usage"]
     assert metric(second, "llamagate_conversation_state_restores_total", tenant="default") == 1
     assert folder(first) == folder(second)
+
+
+def test_an_idle_unload_keeps_the_conversations(daemon_factory: DaemonFactory) -> None:
+    on_demand = {"name": MODEL, "residency": "on_demand", "idle_unload_s": 1, "preload": True}
+    d = daemon_factory({"llama": {"prompt_cache_mib": 0}, "models": [on_demand]})
+    chats = [Chat(d, "alpha"), Chat(d, "beta")]
+    for chat in chats:
+        chat.turn()  # both in a slot, neither saved yet
+    wait_until(lambda: not d.admin_identity()["models"][MODEL]["loaded"], "the idle unload", timeout=60)
+    for chat in chats:  # loaded again by the first request: both restored from disk
+        answer = chat.turn()
+        assert cached(answer) >= 0.95 * answer["reusable"], answer["usage"]
+    assert metric(d, "llamagate_conversation_state_restores_total", tenant="default") == 2
