@@ -39,6 +39,7 @@ from proxy.metrics.proxy import (
     ProxyMetrics,
     Refreshable,
 )
+from proxy.metrics.tier import TierCollector
 from proxy.middleware.context import RequestContextMiddleware, write_access_log
 from proxy.middleware.cors import CorsMiddleware
 from proxy.models.lane import ModelEntry
@@ -152,6 +153,7 @@ def create_app(
     registry.register(picker)
     metrics.refreshers.append(picker)
     registry.register(ClusterCollector(lambda: state.cluster))
+    registry.register(TierCollector(lambda: {name: lane.tier for name, lane in state.router.lanes.items()}))
     for collector in extra_collectors:
         registry.register(collector)
         if isinstance(collector, Refreshable):

@@ -14,6 +14,20 @@ from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
+class SlotStates:
+    """Where the child saves its slots' states (its ``--slot-save-path``) and what makes a state valid
+    there: the conversations' disk tier (``proxy.conversations.tier``). Set by the daemon per child."""
+
+    # The private folder (0700) of one identity: every state in it was written by a child of that identity.
+    directory: str
+    # A digest of what a saved state depends on (the binary and the model by sha256, the context per slot,
+    # the KV cache types, extra arguments): a state is only ever restored into a child of the same one.
+    identity: str
+    # The most bytes the folder may hold (least recently used states are removed first).
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
 class UpstreamSnapshot:
     # Supervisor state name: STOPPED, STARTING, READY, UNHEALTHY, BACKOFF, STOPPING, FAILED.
     state: str
@@ -50,6 +64,8 @@ class UpstreamSnapshot:
     # Tokens in the model's vocabulary (its GGUF header): the request schema refuses a token id beyond it
     # (``proxy.schema``); None: unknown, any int32 id passes the door.
     n_vocab: int | None = None
+    # The conversations' disk tier of this child; None: off (``proxy.conversations.tier``).
+    slot_states: SlotStates | None = None
 
 
 class UpstreamSource(Protocol):

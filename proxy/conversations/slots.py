@@ -52,6 +52,9 @@ class Pin:
     slot: int | None
     _map: SlotMap | None = field(default=None, repr=False)
     _width: int = 0  # anonymous: how many slots
+    # What the slot held before this request (a conversation key, ``EMPTY`` or ``UNKNOWN``): when it is
+    # another conversation's, the disk tier saves that one's state first (``proxy.conversations.tier``).
+    replaced: str = EMPTY
 
     def free(self) -> None:
         """The request's slot is free again. Idempotent."""
@@ -96,7 +99,7 @@ class SlotMap:
         if key is not None:
             self._where[key] = i
         self.busy[i] = True
-        return Pin(i, self)
+        return Pin(i, self, replaced=replaced)
 
     def holding(self, key: str) -> int | None:
         """The slot whose last request was of conversation ``key``, if any."""

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 from proxy.admission.gate import SlotGate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.poison import Quarantine
+from proxy.conversations.tier import DiskTier
 from proxy.errors import NotReady
 from proxy.settings import TenantSettings
 from proxy.source import AnnouncesChanges, UpstreamSnapshot, UpstreamSource
@@ -67,6 +68,9 @@ class Lane:
     def __init__(self, entry: ModelEntry, tenants: Iterable[TenantSettings]) -> None:
         self.entry = entry
         self.gate = SlotGate(tenants, capacity=0)
+        self._boot: str | None = None  # the per-boot secret of the child the gate's slot map is for
+        # Its conversations' states on disk, under the slots (``proxy.conversations.tier``).
+        self.tier = DiskTier(entry.name)
         # After a death of its child, the replays go one at a time (``proxy.admission.poison``).
         self.quarantine = Quarantine()
         self.last_used = time.monotonic()
@@ -111,8 +115,12 @@ class Lane:
         """One consistent view of the child for this request; keeps the gate equal to its slots."""
         snap = self.entry.source.snapshot()
         gate = self.gate
-        if snap.slots != gate.capacity or snap.generation != gate.slot_map.generation:
+        # A new child is a new generation, or a new per-boot secret: an on_demand model loaded again
+        # after an unload starts a fresh supervisor, whose first child is generation 1 again.
+        reborn = snap.secret is not None and snap.secret != self._boot
+        if reborn or snap.slots != gate.capacity or snap.generation != gate.slot_map.generation:
             gate.set_capacity(snap.slots, snap.generation)
+            self._boot = snap.secret or self._boot
         return snap
 
     async def watch(self, until: Callable[[UpstreamSnapshot], bool], deadline: float) -> UpstreamSnapshot:

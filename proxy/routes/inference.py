@@ -89,7 +89,9 @@ from proxy.streams.assemble import AnswerTooLarge, assembled_as
 from proxy.streams.assemble import Kind as AssembledKind
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
+from proxy.streams.usage import UsageTap
 from proxy.telemetry.request import genai_for, read_params
+from proxy.upstream.slot_actions import ChildSlots
 
 _log = logging.getLogger("llamagate.proxy")
 _T = TypeVar("_T")
@@ -98,12 +100,13 @@ _T = TypeVar("_T")
 class _Plan:
     """How this request goes to the child and back."""
 
-    __slots__ = ("assemble", "hide", "stream")
+    __slots__ = ("assemble", "hide", "reuse", "stream")
 
-    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool) -> None:
+    def __init__(self, stream: bool, assemble: AssembledKind | None, hide: bool, reuse: bool = True) -> None:
         self.stream = stream  # the client asked for a stream
         self.assemble = assemble  # non-streamed for the client, streamed from the child
         self.hide = hide  # strip prompt-cache detail from the answer
+        self.reuse = reuse  # may reuse cached state (not "cache_prompt": false): the disk tier keeps it
 
 
 class _Request:
@@ -265,7 +268,12 @@ class Inference:
             if cid is not None:
                 conversation = conversation_key(tenant.name, cid)
                 ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
-        req.plan = _Plan(stream, assemble, hide=not (admin or tenant.show_cache_details))
+        req.plan = _Plan(
+            stream,
+            assemble,
+            hide=not (admin or tenant.show_cache_details),
+            reuse=payload.get("cache_prompt") is not False,  # disk tier
+        )
         req.account = open_account(
             state,
             ctx,
@@ -341,16 +349,32 @@ class Inference:
                 try:
                     # The child may have restarted while we queued: never mix its old address and new secret.
                     snap = lane.ready_snapshot()
-                    relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, req.account.tap(self.fmt))
+                    pin = permit.pin
+                    # --- disk tier: save what the slot replaces, restore this conversation's state ---
+                    kept = await lane.tier.before_turn(
+                        snap.slot_states,
+                        snap.generation,
+                        ChildSlots(self.state.upstream, snap, ctx.request_id),
+                        pin,
+                        grant.ask.conversation if req.plan.reuse else None,
+                        req.tenant.name,
+                    )
+                    tap = req.account.tap(self.fmt)
+                    if tap is None and kept is not None:  # the tier reads the turn's cached count
+                        tap = UsageTap(self.fmt.usage)
+                    # --- end disk tier ---
+                    relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, tap)
                     req.account.relay = relay  # charged at the end: the last attempt's usage
                     req.entry.running(relay)
-                    pin = permit.pin
                     raw = (
                         req.raw
                         if pin is None or pin.slot is None
                         else body.with_field(req.raw, "id_slot", pin.slot)
                     )
-                    await self._forward(snap, req, raw, relay, deadlines)
+                    try:
+                        await self._forward(snap, req, raw, relay, deadlines)
+                    finally:
+                        lane.tier.after_turn(kept, *_reported(relay))  # disk tier: checked reuse, counts
                     return
                 except UpstreamFailure as exc:
                     if turn is not None:
@@ -524,3 +548,12 @@ class Inference:
         # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
         if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+
+def _reported(relay: Relay) -> tuple[int | None, int]:
+    """(prompt, cached) tokens as the child reported them for the disk tier; (None, 0) when it did not."""
+    tap, meter = relay.usage, relay.meter
+    if tap is None:
+        return None, 0
+    usage = tap.result(meter.reports if meter is not None else ())
+    return (usage.prompt, usage.cached) if usage.reported else (None, 0)

@@ -70,7 +70,9 @@ ADVISORIES: tuple[Advisory, ...] = (
         "CVE-2026-43629",
         "`POST /slots/{id}?action=restore` (a state file)",
         "a crafted state file overflows the heap on restore",
-        "the `/slots` actions are refused to every key (404): no request names or restores a state file",
+        "the `/slots` actions are refused to every key (404): no request names or restores a state file;"
+        " the disk tier restores only files the gateway wrote, in its private 0700 folder, whose sha256"
+        " recorded at save still matches (proxy/conversations/disk.py)",
         (("/slots/0?action=restore", {"filename": "../../etc/passwd"}),),
     ),
 )

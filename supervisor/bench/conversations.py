@@ -10,6 +10,11 @@ and a first message of its own; user turns of ``user_tokens``, answers of ``answ
 Recorded per target, over the later turns (k >= 2): the cached share (cached / prompt tokens, from the
 child's own ``cached_tokens``/``cache_n``: the same on any host) against the reusable maximum, turns
 below 50 % cached, prompt tokens evaluated (every turn), and the median time to first token by turn.
+
+With an ``Event`` (a SIGHUP reload, an idle unload, a stop and start, a child SIGKILL), every conversation
+plays its first ``after_turn`` turns, the event happens (``act``: blocking, it returns the target to go on
+with), and then the rest: the turn right after the event is recorded on its own against its reusable
+maximum (``after_event``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +56,15 @@ class Workload:
     seed: int = 1
 
 
+@dataclass(frozen=True)
+class Event:
+    """Something that happens to the target between two turns of every conversation."""
+
+    name: str
+    after_turn: int  # the turns every conversation plays first (>= 1)
+    act: Callable[[], Target]  # blocking; the target to go on with (a restarted one may move)
+
+
 @dataclass
 class Turn:
     conversation: int
@@ -67,6 +81,10 @@ class TargetResult:
     target: str
     turns: list[Turn] = field(default_factory=list)
     seconds: float = 0.0
+    event: str | None = None
+    event_turn: int | None = None  # the 0-based turn right after the event
+    # A daemon's disk tier at the end (its /metrics: saves, restores, bytes, seconds, misses); None: bare.
+    tier: dict[str, float] | None = None
 
     def later(self) -> list[Turn]:
         return [t for t in self.turns if t.turn > 0]
@@ -91,6 +109,20 @@ class TargetResult:
                 k + 1: round(1000 * statistics.median(v), 1) for k, v in sorted(by_turn.items())
             },
             "seconds": round(self.seconds, 1),
+            **self._after_event(),
+            **({"tier": self.tier} if self.tier is not None else {}),
+        }
+
+    def _after_event(self) -> dict[str, Any]:
+        if self.event is None:
+            return {}
+        after = [t for t in self.turns if t.turn == self.event_turn]
+        cached = sum(t.cached_tokens for t in after)
+        reusable = sum(min(t.reusable_tokens, t.prompt_tokens) for t in after)
+        return {
+            "event": self.event,
+            "after_event_of_reusable": cached / reusable if reusable else 0.0,
+            "after_event_turns": len(after),
         }
 
 
@@ -98,11 +130,15 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def run(target: Target, name: str, work: Workload, progress: Progress | None = None) -> TargetResult:
-    return asyncio.run(_run(target, name, work, progress or NullProgress()))
+def run(
+    target: Target, name: str, work: Workload, progress: Progress | None = None, event: Event | None = None
+) -> TargetResult:
+    return asyncio.run(_run(target, name, work, progress or NullProgress(), event))
 
 
-async def _run(target: Target, name: str, work: Workload, progress: Progress) -> TargetResult:
+async def _run(
+    target: Target, name: str, work: Workload, progress: Progress, event: Event | None
+) -> TargetResult:
     rng = random.Random(work.seed)  # noqa: S311 - a reproducible workload, not a secret
     # About one token per word of this list; the counts recorded are the child's own.
     system = "You are a helpful assistant for a small town. " + _text(rng, work.system_tokens - 10)
@@ -115,24 +151,25 @@ async def _run(target: Target, name: str, work: Workload, progress: Progress) ->
     done = 0
     total = work.conversations * work.turns
     started = time.monotonic()
+    histories: list[list[dict[str, str]]] = [
+        [{"role": "system", "content": system}, {"role": "user", "content": openings[c]}]
+        for c in range(work.conversations)
+    ]
+    reusable = [0] * work.conversations
     # A fresh connection per request: llama-server does not keep one alive after a streamed answer, and
     # reusing one it is closing fails with "Server disconnected" (``supervisor.bench.runner`` says the same).
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as client:
 
-        async def conversation(c: int) -> None:
+        async def conversation(c: int, turns: range) -> None:
             nonlocal done
-            messages: list[dict[str, str]] = [
-                {"role": "system", "content": system},
-                {"role": "user", "content": openings[c]},
-            ]
-            reusable = 0
-            for k in range(work.turns):
+            messages = histories[c]
+            for k in turns:
                 async with gate:
                     turn, answer = await _ask(client, target, messages, work.answer_tokens)
-                turn.conversation, turn.turn, turn.reusable_tokens = c, k, reusable
+                turn.conversation, turn.turn, turn.reusable_tokens = c, k, reusable[c]
                 result.turns.append(turn)
-                reusable = turn.prompt_tokens + turn.completion_tokens
+                reusable[c] = turn.prompt_tokens + turn.completion_tokens
                 messages += [
                     {"role": "assistant", "content": answer},
                     {"role": "user", "content": follow_ups[c][k]},
@@ -140,7 +177,17 @@ async def _run(target: Target, name: str, work: Workload, progress: Progress) ->
                 done += 1
                 progress.update(f"{name}: turns", done / total)
 
-        await asyncio.gather(*(conversation(c) for c in range(work.conversations)))
+        split = work.turns if event is None else max(1, min(event.after_turn, work.turns - 1))
+        await asyncio.gather(*(conversation(c, range(split)) for c in range(work.conversations)))
+        if event is not None:
+            progress.update(f"{name}: {event.name}", None)
+            # On the loop's own (main) thread, blocking: every turn is done, and a restart forks a daemon
+            # tied to this thread (``popen_tied``).
+            target = event.act()
+            result.event, result.event_turn = event.name, split
+            await asyncio.gather(
+                *(conversation(c, range(split, work.turns)) for c in range(work.conversations))
+            )
     result.seconds = time.monotonic() - started
     progress.done(f"{name}: turns", f"{total} in {result.seconds:.0f} s")
     return result
@@ -196,8 +243,48 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
             + " | ".join(f"{ttft.get(k, 0):,.0f}" for k in turns)
             + " |"
         )
+    tiers = [r for r in results if r.tier]
+    if tiers:
+        lines += [
+            "",
+            "| target | saves | saved | ms/MiB waited | ms/MiB child | restores | restored | ms/MiB waited"
+            " | ms/MiB child | misses |",
+        ]
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in tiers:
+            lines.append(f"| {r.target} | " + tier_cells(r.tier or {}) + " |")
+    events = [r for r in results if r.event is not None]
+    if events:
+        lines += ["", "| target | event | turn after it: of its reusable maximum |", "|---|---|---:|"]
+        for r in events:
+            s = r.summary()
+            lines.append(f"| {r.target} | {r.event} | {100 * s['after_event_of_reusable']:.0f} % |")
     lines += ["", *notes]
     return "\n".join(lines) + "\n"
+
+
+def tier_cells(t: dict[str, float]) -> str:
+    """A tier's figures as table cells: counts, MiB, and milliseconds per MiB: as the turn waited (the
+    child's queue, its write or read, our hash and rename) and the child's own (its loop, so its other
+    slots, wait that long)."""
+    mib = 2**20
+
+    def per_mib(seconds: float, nbytes: float) -> str:
+        return f"{1000 * seconds / (nbytes / mib):.1f}" if nbytes else "-"
+
+    return " | ".join(
+        (
+            f"{t.get('saves', 0):.0f}",
+            f"{t.get('save_bytes', 0) / mib:,.0f} MiB",
+            per_mib(t.get("save_seconds", 0), t.get("save_bytes", 0)),
+            per_mib(t.get("save_child_seconds", 0), t.get("save_bytes", 0)),
+            f"{t.get('restores', 0):.0f}",
+            f"{t.get('restore_bytes', 0) / mib:,.0f} MiB",
+            per_mib(t.get("restore_seconds", 0), t.get("restore_bytes", 0)),
+            per_mib(t.get("restore_child_seconds", 0), t.get("restore_bytes", 0)),
+            f"{t.get('misses', 0):.0f}",
+        )
+    )
 
 
 def to_dict(results: Sequence[TargetResult], work: Workload) -> dict[str, Any]:

@@ -334,6 +334,9 @@ def start_llamagate(
     """A private daemon for a benchmark: ``config`` checked here (every problem listed, not left in a
     subprocess log), started, READY, its identity read with ``key`` (an admin key)."""
     progress = progress or NullProgress()
+    # Its own conversation states (the disk tier): a benchmark starts from empty disks, as from empty
+    # caches, unless the config names a folder (a run across a restart reuses it).
+    config = deep_merge({"llama": {"state_dir": str(folder / "states")}}, config)
     validate(config, "bench config")
     daemon = PrivateDaemon.start(config, folder, {"admin": key})
     try:
@@ -378,7 +381,7 @@ def start_llama_server(
     """llama-server alone, with the argv llamagate would give it (``edit_argv``: changed for a comparison
     of llamagate's settings with llama-server's own); returns the launch and its identity."""
     progress = progress or NullProgress()
-    cfg = validate(config, "bench config")
+    cfg = validate(deep_merge({"llama": {"state_dir": str(folder / "states")}}, config), "bench config")
     prepared = prepare(cfg, progress=progress)
     port = free_port()
     spec = dataclasses.replace(prepared.spec, port=port)

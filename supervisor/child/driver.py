@@ -259,6 +259,7 @@ class ChildSupervisor:
             reranking=spec.llama.reranking,
             info=self._public_status(),
             n_vocab=self.n_vocab,
+            slot_states=spec.slot_states,
             **self._load_view(),
         )
 

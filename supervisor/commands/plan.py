@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from supervisor.artifacts.build import find_installed
+from supervisor.artifacts.files import sha256_file
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
 from supervisor.config.models import is_multi, served_models
 from supervisor.config.schema import Config
 from supervisor.daemon.deploy_hints import ServiceLimits
 from supervisor.daemon.prepare import Binary, budget_for, devices_for, launch_spec, resolve_model
+from supervisor.daemon.state_disk import DiskPlan, plan_disk
 from supervisor.errors import UsageError
 from supervisor.launch.flags import build_argv
 from supervisor.paths import default_lock_path
@@ -56,6 +59,8 @@ def _plan(args: argparse.Namespace) -> int:
         f"llama-server(not built yet: `llamagate build --variant {cfg.llama.variant}`)"
     )
     spec = launch_spec(cfg, Binary(shown, "", None), model)
+    disk = plan_disk(cfg, spec.alias, _digest(binary_path), model.sha256)
+    spec = replace(spec, slot_states=disk.states)
     argv = build_argv(spec)
     argv[argv.index("--port") + 1] = "<free port>"
     if args.systemd or args.kubernetes:
@@ -68,7 +73,12 @@ def _plan(args: argparse.Namespace) -> int:
         print(limits.systemd_dropin() if args.systemd else limits.kubernetes_yaml(), end="")
         return 0 if budget.fits else 1
     if args.json:
-        out = {"budget": budget.as_dict(), "argv": argv, "model": str(model.path)}
+        out = {
+            "budget": budget.as_dict(),
+            "argv": argv,
+            "model": str(model.path),
+            "state_disk": disk.record(),
+        }
         print(json.dumps(out, indent=2))
     else:
         shape = model.shape
@@ -79,6 +89,7 @@ def _plan(args: argparse.Namespace) -> int:
         for line in budget.lines():
             print(f"  {line}")
         print("fits" if budget.fits else budget.refusal())
+        print(disk.line(spec.alias) + _on_disk(disk, budget.state_1k_bytes))
     return 0 if budget.fits else 1
 
 
@@ -88,6 +99,7 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
     if args.systemd or args.kubernetes:
         raise UsageError("--systemd/--kubernetes limits are for one model; with models: use plain plan")
     rows = []
+    disks: dict[str, DiskPlan] = {}
     for served in served_models(cfg):
         model = resolve_model(served.cfg, progress=ConsoleProgress())
         llama = served.cfg.llama
@@ -97,9 +109,11 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         binary = llama.binary or (installed.path if installed else None)
         budget = budget_for(served.cfg, model, devices=devices_for(served.cfg, binary))
         spec = launch_spec(served.cfg, Binary(Path("llama-server"), "", None), model)
-        argv = build_argv(spec)
+        disk = plan_disk(served.cfg, spec.alias, _digest(served.cfg.llama.binary), model.sha256)
+        argv = build_argv(replace(spec, slot_states=disk.states))
         argv[argv.index("--port") + 1] = "<free port>"
         rows.append((served, budget, argv))
+        disks[served.name] = disk
     always = sum(b.required_bytes for s, b, _ in rows if not s.on_demand)
     largest = max((b.required_bytes for s, b, _ in rows if s.on_demand), default=0)
     need, usable = always + largest, min(b.usable_bytes for _, b, _ in rows)
@@ -107,7 +121,13 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
     if args.json:
         out = {
             "models": {
-                s.name: {"residency": s.residency, "budget": b.as_dict(), "argv": a} for s, b, a in rows
+                s.name: {
+                    "residency": s.residency,
+                    "budget": b.as_dict(),
+                    "argv": a,
+                    "state_disk": disks[s.name].record(),
+                }
+                for s, b, a in rows
             },
             "needed_bytes": need,
             "usable_bytes": usable,
@@ -121,6 +141,9 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         print(f"  argv     {' '.join(argv)}")
         for line in budget.lines():
             print(f"  {line}")
+        print(
+            f"  {disks[served.name].line(served.name)}{_on_disk(disks[served.name], budget.state_1k_bytes)}"
+        )
     print(
         f"every always model + the largest on_demand one: {need / mib:,.0f} MiB needed,"
         f" {usable / mib:,.0f} MiB usable"
@@ -131,3 +154,17 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         else "does not fit: lower slots or ctx_per_slot, make a model on_demand, or serve fewer"
     )
     return 0 if fits else 1
+
+
+def _digest(binary: Path | None) -> str:
+    """The binary's sha256 when it is there (it names the states' folder), else a placeholder."""
+    if binary is None or not binary.is_file():
+        return "unbuilt"
+    return sha256_file(binary)
+
+
+def _on_disk(disk: DiskPlan, state_1k_bytes: int | None) -> str:
+    """How many conversations of 1,024 tokens the disk budget keeps (", N of 1,024 tokens")."""
+    if disk.states is None or not state_1k_bytes:
+        return ""
+    return f", {disk.states.budget_bytes // state_1k_bytes:,} conversations of 1,024 tokens"

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from proxy.accounts.store import StoreError
 from proxy.auth import new_key
@@ -26,6 +27,7 @@ from supervisor.daemon.listener import bind_listener
 from supervisor.daemon.prepare import default_threads
 from supervisor.daemon.prepare_models import joint_budget_lines, prepare_models, thread_warning
 from supervisor.daemon.service import Daemon
+from supervisor.daemon.state_disk import sweep
 from supervisor.daemon.wiring import DaemonAccounts, open_accounts
 from supervisor.errors import Misconfigured
 from supervisor.progress import ConsoleProgress
@@ -136,6 +138,11 @@ def _serve(args: argparse.Namespace) -> int:
                 log.info(f"memory budget: {model.served.name}: {line.strip()}")
         for line in joint_budget_lines(models):
             log.info(f"memory budget: {line}")
+        for model in models:
+            log.info(model.prepared.disk.line(model.served.name))
+            states = model.prepared.spec.slot_states
+            if states is not None:  # an identity this model no longer has: its states cannot be restored
+                sweep(Path(states.directory).parent, model.prepared.spec.alias, states.directory)
         crowded = thread_warning(models, default_threads())
         if crowded is not None:
             log.warning(crowded)

@@ -201,3 +201,15 @@ def _print_model(identity: dict[str, Any], indent: str) -> None:
         f"{indent}serving      alias {model.get('alias')}, threads {threads}, "
         f"{serving.get('slots')} slots x {serving.get('ctx_per_slot')}"
     )
+    disk = identity.get("state_disk")
+    if isinstance(disk, dict):
+        print(f"{indent}states disk  {_disk_line(disk)}")
+
+
+def _disk_line(disk: dict[str, Any]) -> str:
+    """The conversation states on disk: used of the budget, where; or why off."""
+    budget, used = disk.get("budget_bytes"), disk.get("used_bytes")
+    if not budget or not isinstance(budget, int):
+        return str(disk.get("why") or "off")
+    used_mib = used / 2**20 if isinstance(used, int) else 0.0
+    return f"{used_mib:,.0f} of {budget / 2**20:,.0f} MiB in {disk.get('folder')}"

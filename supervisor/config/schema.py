@@ -201,6 +201,12 @@ class LlamaConfig(LlamaKnobs):
     binary: Path | None = setting(None, "explicit llama-server binary; null = the one built from the lock")
     binary_sha256: str | None = setting(None, "expected sha256 of binary (only with binary)", SHA256)
     model: ModelConfig = section(ModelConfig, "the served model")
+    state_dir: Path | None = setting(
+        None,
+        "folder of the conversations' states on disk (llama.state_disk_mib), one private folder per model"
+        " and identity inside; null = $STATE_DIRECTORY/conversations under systemd, else"
+        " $XDG_STATE_HOME/llamagate/conversations",
+    )
 
 
 _T = TypeVar("_T")

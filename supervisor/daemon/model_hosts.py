@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +38,8 @@ from supervisor.daemon.prepare_models import PreparedModel
 
 log = logging.getLogger("llamagate.models")
 
+# Longest wait for a child's slots' states to be saved before a planned stop.
+SAVE_STATES_S = 60.0
 # Retry-After of a load refused for memory: about when an idle model may have been unloaded.
 NO_ROOM_RETRY_S = 30.0
 
@@ -69,6 +71,12 @@ class ModelHost:
         # Set (and replaced) at every transition, for any number of waiters (``changed``).
         self._next_change = asyncio.Event()
         self.sup.observers.append(self._on_change)
+        # Before its child stops on purpose (unload, reload, stop): the proxy saves the conversation
+        # states of its slots to disk (``ProxyWiring.save_states``); set by the daemon.
+        self.before_stop: Callable[[UpstreamSnapshot], Awaitable[object]] | None = None
+        # Two stops at once (the daemon's and its model loop's) both wait for one save before the child
+        # goes: the second finds nothing left to save, never a child stopped under the first's save.
+        self._saving = asyncio.Lock()
 
     @property
     def name(self) -> str:
@@ -103,6 +111,8 @@ class ModelHost:
     async def stop(self, reason: str) -> None:
         if self.task is None:
             return
+        if self.running:  # an idle unload has marked it unloading already: its child still runs
+            await self.save_states()
         self.unloading = True
         if self.running:
             await self.sup.stop(reason)
@@ -110,6 +120,21 @@ class ModelHost:
             await self.task
         self.unloaded_reason = f"unloaded: {reason}"
         self.unloading = False
+
+    async def save_states(self) -> None:
+        """The conversation states of its child's slots to disk, before the child stops on purpose. A
+        failure is logged: the stop goes on (the states already on disk stay)."""
+        if self.before_stop is None:
+            return
+        try:
+            async with self._saving, asyncio.timeout(SAVE_STATES_S):
+                # The child's own snapshot: the host's says UNLOADED as soon as an unload begins.
+                await self.before_stop(self.sup.snapshot())
+        except Exception as exc:
+            log.warning(
+                "conversation states not saved before the child stopped",
+                extra={"fields": {"model": self.name, "error": str(exc) or type(exc).__name__}},
+            )
 
     def settle(self, model: PreparedModel) -> None:
         """``model``'s entry and settings are the ones served now (a SIGHUP applied them)."""
@@ -179,6 +204,7 @@ class ModelHost:
             "loaded": self.running and not self.unloading,
             "loads": self.loads,
             "last_load_s": self.last_load_s,
+            "state_disk": self.prepared.disk.record(),
         }
 
     # --- OperatorControl (proxy.models.lane: /admin/models) ------------------------------------------

@@ -24,6 +24,7 @@ from supervisor.budget.gguf_info import ModelShape, read_shape
 from supervisor.budget.plan import MIB, Budget, Offload, plan_budget
 from supervisor.config.schema import Config
 from supervisor.daemon.identity import host_identity, served_identity
+from supervisor.daemon.state_disk import OFF, DiskPlan, make_folder, plan_disk
 from supervisor.errors import BuildError, CheckFailed, DigestMismatch, Misconfigured, StartupError
 from supervisor.launch.flags import LaunchSpec, budget_flags
 from supervisor.launch.knobs import KNOBS, NameOrPath
@@ -55,6 +56,8 @@ class Prepared:
     model: Model
     budget: Budget
     identity: dict[str, object]
+    # The conversations' states on disk: its folder and budget (in ``spec.slot_states``), or why none.
+    disk: DiskPlan = OFF
 
 
 def _build_facts(receipt: Receipt) -> dict[str, object]:
@@ -310,4 +313,12 @@ def prepare(
     if Path("/etc/llama.cpp/config.ini").exists():
         log.warning("/etc/llama.cpp/config.ini exists: llama-server reads it (argv still wins)")
     spec = launch_spec(cfg, binary, model)
-    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model, devices))
+    disk = plan_disk(cfg, spec.alias, binary.sha256, model.sha256)
+    if disk.states is not None:
+        try:
+            make_folder(disk.states)
+        except (OSError, ValueError) as exc:  # the tier is an optimisation: serve without it
+            log.warning("conversation states on disk are off: the folder cannot be made: %s", exc)
+            disk = DiskPlan(None, f"off: {disk.states.directory} cannot be made ({exc})")
+    spec = replace(spec, slot_states=disk.states)
+    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model, devices), disk)

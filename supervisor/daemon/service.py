@@ -71,6 +71,7 @@ from supervisor.daemon.notify import Notifier, SystemdReporter, WatchdogFeeder
 from supervisor.daemon.observability import Observability
 from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.daemon.prepare_models import PreparedModel, joint_budget_lines, joint_need, usable_bytes
+from supervisor.daemon.state_disk import drop as drop_states
 from supervisor.daemon.switch import side_by_side, stop_then_start
 from supervisor.daemon.wiring import DaemonAccounts, ProxyWiring
 from supervisor.errors import ConfigError, LlamagateError
@@ -156,7 +157,9 @@ class Daemon:
 
     # --- the served models ---------------------------------------------------------------------------
     def _host(self, model: PreparedModel) -> ModelHost:
-        return ModelHost(model, self._supervisor_for, self.models.load)
+        host = ModelHost(model, self._supervisor_for, self.models.load)
+        host.before_stop = lambda snap: self.proxy.save_states(host.name, snap)
+        return host
 
     def _supervisor_for(self, name: str, prepared: Prepared) -> ChildSupervisor:
         s = self.supervision
@@ -483,6 +486,7 @@ class Daemon:
         children at once, else stop, then start. None once they serve; else why not (the model keeps
         the last settings that passed the gate)."""
         name = host.name
+        states = host.prepared.spec.slot_states
         changes = "; ".join(_diff(host.served.cfg.llama, model.served.cfg.llama, "llama."))
         log.warning(f"SIGHUP: model {name!r}: llama settings changed, restarting llama-server: {changes}")
         rerouted = _entry(host.served) != _entry(model.served)
@@ -508,6 +512,8 @@ class Daemon:
             rejected = await stop_then_start(host, model, f"llama settings changed: {changes}")
         if rejected is None and rerouted:
             self._route(host)
+        if rejected is None:
+            drop_states(states, host.prepared.spec.slot_states)  # an identity no longer served
         return rejected
 
     def _route(self, host: ModelHost) -> None:
@@ -522,7 +528,10 @@ class Daemon:
         child is stopped."""
         await self.proxy.retire(name, self.cfg.proxy.drain_timeout_s)
         log.warning(f"SIGHUP: stopping model {name!r}: {reason}")
+        host = self.models.hosts.get(name)
         await self.models.remove(name, reason)
+        if host is not None:
+            drop_states(host.prepared.spec.slot_states, None)  # the model's conversations go with it
 
     def _apply_supervision(self, s: SupervisionConfig) -> None:
         """Every model's supervisor decides and probes by ``s`` from now on, and new ones start on it."""

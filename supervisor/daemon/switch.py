@@ -32,6 +32,7 @@ async def stop_then_start(host: ModelHost, model: PreparedModel, reason: str) ->
         host.settle(model)  # no child to protect: the next load starts on the new settings
         return None
     p = model.prepared
+    await host.save_states()
     rejected = await host.sup.try_settings(p.spec, p.identity, p.budget.as_dict(), reason)
     if rejected is None:
         host.settle(model)
@@ -64,6 +65,7 @@ async def side_by_side(
         await new.stop("reload rejected")
         await asyncio.gather(task, return_exceptions=True)
         return rejected
+    await host.save_states()  # the old child's conversations, for the new one (same identity: same folder)
     old, old_task = host.adopt(new, task, model)
     try:
         await drain()

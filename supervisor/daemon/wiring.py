@@ -21,10 +21,11 @@ from proxy.accounts.store import StoreError
 from proxy.app import create_app
 from proxy.listener.guard import FrontDoor
 from proxy.metrics.proxy import ProxyMetrics
-from proxy.models.lane import ModelEntry
+from proxy.models.lane import Lane, ModelEntry
 from proxy.settings import DoorSettings, ProxySettings
-from proxy.source import UpstreamSource
+from proxy.source import UpstreamSnapshot, UpstreamSource
 from proxy.state import ProxyState
+from proxy.upstream.slot_actions import ChildSlots
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.config.schema import Config
 from supervisor.daemon.model_hosts import ModelHost
@@ -142,6 +143,19 @@ class ProxyWiring:
         lane = self._router.lanes.get(name)
         if lane is not None:
             await lane.drain(timeout_s)
+
+    async def save_states(self, name: str, snap: UpstreamSnapshot) -> int:
+        """Save the conversation states of the slots of the model's child ``snap`` (its supervisor's
+        own snapshot) to disk: the child is about to stop on purpose, and the next child of the same
+        identity restores them. How many were saved."""
+        lane: Lane | None = self._router.lanes.get(name)
+        if lane is None:
+            return 0
+        slots = lane.gate.slot_map
+        if snap.base_url is None or snap.slot_states is None or slots.generation != snap.generation:
+            return 0
+        child = ChildSlots(self.runtime.upstream, snap, "llamagate-stop")
+        return await lane.tier.save_slots(snap.slot_states, snap.generation, child, slots.held, slots.busy)
 
     def usage(self, name: str) -> tuple[bool, float]:
         """(busy, last used on the monotonic clock) of the model's lane."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from proxy.source import SlotStates
 from supervisor.launch.knobs import KNOBS, Flag, LlamaKnobs
 
 # Only the child's loopback address: the proxy is the only door.
@@ -32,6 +33,8 @@ class LaunchSpec:
     alias: str
     port: int  # 0: the driver picks a free one per boot
     llama: LlamaKnobs
+    # The disk tier's folder and what it checks (daemon/state_disk.py); None: off.
+    slot_states: SlotStates | None = None
 
     def __post_init__(self) -> None:
         if self.llama.threads is None or self.llama.threads_batch is None:
@@ -59,6 +62,8 @@ FLAGS: tuple[Flag[LaunchSpec], ...] = (
     # state it replaces is saved there), and idle slots are not copied to it on every new task.
     Flag(("-sps", "--slot-prompt-similarity"), lambda s: "1.0"),
     Flag(("--no-cache-idle-slots", "--cache-idle-slots"), lambda s: True),
+    # The private folder of the child's identity: the proxy saves and restores its slots there.
+    Flag(("--slot-save-path",), lambda s: s.slot_states.directory if s.slot_states is not None else None),
 )
 # The knobs' own rows, in the table's order, after the rows every child has.
 KNOB_FLAGS: tuple[Flag[LlamaKnobs], ...] = tuple(flag for k in KNOBS for flag in k.flags())

@@ -134,6 +134,15 @@ class LlamaKnobs:
         at_least(0),
         flag=("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"),
     )
+    # Becomes --slot-save-path with the identity's private folder (daemon/state_disk.py), not a flag value.
+    state_disk_mib: int | None = knob(
+        None,
+        "disk for conversations' states under the slots (the disk tier: llama-server's slot save and"
+        " restore) in llama.state_dir; null = 4096 MiB where that file system has room for it, else off;"
+        " 0 = off",
+        at_least(0),
+        identity=False,
+    )
     # Appended after every flag (flags.build_argv); no option of its own.
     extra_args: tuple[str, ...] = knob(
         (), "appended to the child's argv; flags the supervisor sets itself are refused"

@@ -176,9 +176,9 @@ class DaemonFactory:
         folder.mkdir(parents=True)
         admin_key, admin = new_key_config("default", ADMIN)
         inference_key, inference = new_key_config("default")
-        config = deep_merge(
-            self.base_config(free_port(), admin, inference, binary or self.binary), overrides or {}
-        )
+        base = self.base_config(free_port(), admin, inference, binary or self.binary)
+        base["llama"]["state_dir"] = str(folder / "states")  # its own conversation states on disk
+        config = deep_merge(base, overrides or {})
         keys = {"admin": admin_key, "inference": inference_key}
         daemon = Daemon.start(config, folder, keys, env=env, new_session=new_session)
         self.daemons.append(daemon)

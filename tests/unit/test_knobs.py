@@ -122,7 +122,7 @@ def test_the_config_classes_are_the_knobs_fields() -> None:
     per-model knob, of the knob's type or null; the loader reads each knob's doc and check."""
     by_name = {k.name: k for k in KNOBS}
     llama = {f.name: f for f in dataclasses.fields(schema.LlamaConfig)}
-    assert set(llama) == set(by_name) | {"lock", "binary", "binary_sha256", "model"}
+    assert set(llama) == set(by_name) | {"lock", "binary", "binary_sha256", "model", "state_dir"}
     hints = typing.get_type_hints(schema.LlamaConfig)
     for k in KNOBS:
         assert llama[k.name].default == k.default and llama[k.name].metadata["doc"] == k.doc

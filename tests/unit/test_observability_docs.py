@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import tempfile
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.conversations.tier import DiskTier
 from proxy.metrics.proxy import ProxyMetrics
+from proxy.metrics.tier import TierCollector
+from proxy.source import SlotStates
 from tests.helpers.exposition import full_exposition
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "observability.md"
@@ -62,6 +66,23 @@ def documented_labels() -> dict[str, set[str]]:
     return out
 
 
+def _tier_exposition() -> str:
+    """The disk tier's series with one sample each (a tenant's saves, restores and refusals)."""
+    tier = DiskTier("chat")
+    s = tier.stats
+    s.prompt_tokens["team", "disk"] = 5
+    for counter in (s.saves, s.save_bytes, s.restores, s.restore_bytes, s.misses, s.evicted, s.save_failures):
+        counter["team"] = 1
+    s.save_seconds["team"] = s.restore_seconds["team"] = 0.1
+    s.save_child_seconds["team"] = s.restore_child_seconds["team"] = 0.01
+    s.refused["team", "changed"] = 1
+    registry = CollectorRegistry()
+    registry.register(TierCollector(lambda: {"chat": tier}))
+    with tempfile.TemporaryDirectory() as folder:
+        tier.configure(SlotStates(folder, "id", 1 << 20), 0)
+        return generate_latest(registry).decode()
+
+
 def exported_labels() -> dict[str, set[str]]:
     """Series name (as documented) -> the label names its samples carry (a histogram's ``le`` aside)."""
     labels: dict[str, set[str]] = {}
@@ -74,7 +95,7 @@ def exported_labels() -> dict[str, set[str]]:
     request.observe_usage("team", "chat", 8, 3, 4)  # and its usage, charged to the ledger
     request.observe_poison("chat", "team", "0123456789ab")  # another one killed two children
     request.observe_poison_refusal("chat", "team", "0123456789ab", "key_cooling_down")  # and its key cools
-    text = asyncio.run(full_exposition()) + request.render().decode()
+    text = asyncio.run(full_exposition()) + request.render().decode() + _tier_exposition()
     for family in text_string_to_metric_families(text):
         name = family.name + ("_total" if family.type == "counter" else "")
         for sample in family.samples:

@@ -8,26 +8,41 @@ multi-turn workload against it (``supervisor.bench.conversations``), stops it, a
   before conversations were placed;
 - ``bare``: llama-server with exactly the argv llamagate gives its child;
 - ``llamagate``: one daemon (the gateway chooses each turn's slot), one tenant admitting the child's
-  slots and queueing the rest;
+  slots and queueing the rest; conversation states on disk (the disk tier, ``llama.state_disk_mib``) in
+  the run's own folder, empty at the start;
+- ``llamagate-nodisk``: the same with the disk tier off (``llama.state_disk_mib: 0``);
 - ``replicas``: ``--replicas`` such daemons behind a real nginx running the shipped
   deploy/nginx/llamagate.conf (a conversation hashed to one replica);
 - ``replicas-least-conn``: the same with ``least_conn`` in the hash's place (load first, no affinity).
 Each starts with an empty cache. With ``--repeats`` above 1 every other round runs the targets in
-reverse order. Exit 0 when every turn was answered, 1 when a target failed, 2 on bad usage, 130 when
-interrupted (SIGTERM too: what was started is stopped first).
+reverse order. ``--across`` puts an event between turn ``--event-after`` and the next of every
+conversation: ``reload`` (SIGHUP with llama.threads changed: a new child of the same identity),
+``unload`` (the model is on_demand with a 2 s idle_unload_s: the run waits until it is unloaded, and the
+next turn loads it), ``restart`` (the daemon stopped and started again on the same states folder and port),
+``kill`` (the child SIGKILLed: the supervisor restarts it); bare llama-server is stopped and started for
+any of them (its states are lost: the comparison point). Exit 0 when every turn was answered, 1 when a
+target failed, 2 on bad usage, 130 when interrupted (SIGTERM too: what was started is stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.bench import conversations, hostload, options
 from supervisor.bench.client import Target
 from supervisor.bench.commands.run import write_provenance
+from supervisor.bench.conversations import ConversationFailed
 from supervisor.bench.launcher import (
     Launched,
     PrivateDaemon,
@@ -44,7 +59,8 @@ from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress, Progress
 
-TARGETS = ("bare-defaults", "bare", "llamagate", "replicas", "replicas-least-conn")
+TARGETS = ("bare-defaults", "bare", "llamagate", "llamagate-nodisk", "replicas", "replicas-least-conn")
+EVENTS = ("reload", "unload", "restart", "kill")
 DEFAULT_TARGETS = ("bare-defaults", "bare", "llamagate")
 # llamagate's slot flags (supervisor/launch/flags.py), replaced by llama-server's defaults for
 # ``bare-defaults``.
@@ -110,8 +126,10 @@ def _one_tenant(config: dict[str, object]) -> tuple[dict[str, Any], str]:
 def _start(
     name: str, config: dict[str, object], folder: Path, progress: Progress, replicas: int
 ) -> Launched | _ReplicaSet:
-    if name == "llamagate":
+    if name in ("llamagate", "llamagate-nodisk"):
         overrides, key = _one_tenant(config)
+        if name == "llamagate-nodisk":
+            overrides = deep_merge(overrides, {"llama": {"state_disk_mib": 0}})
         return start_llamagate(deep_merge(config, overrides), key, folder, progress=progress)
     if name.startswith("replicas"):
         mode: Mode = "least-conn" if name == "replicas-least-conn" else "balanced"
@@ -119,6 +137,120 @@ def _start(
     edit = llama_server_defaults if name == "bare-defaults" else None
     server, _ = start_llama_server(config, folder, progress=progress, edit_argv=edit)
     return server
+
+
+class _Across:
+    """The event between two turns (``--across``) for one launched target; ``stop`` stops whatever runs
+    at the end (a restart replaces the daemon)."""
+
+    def __init__(
+        self,
+        kind: str,
+        launched: Launched | _ReplicaSet,
+        config: dict[str, object],
+        folder: Path,
+        progress: Progress,
+        edit: Callable[[list[str]], list[str]] | None,
+    ) -> None:
+        self.kind, self.launched, self.config = kind, launched, config
+        self.folder, self.progress, self.edit = folder, progress, edit
+
+    def act(self) -> Target:
+        launched = self.launched
+        if isinstance(launched, PrivateDaemon):
+            return self._daemon(launched)
+        if isinstance(launched, _ReplicaSet):
+            raise UsageError("--across is for one daemon or bare llama-server, not the replicas targets")
+        # Bare llama-server: every event is a new process (its slots and RAM cache start empty).
+        launched.stop()
+        self.launched, _ = start_llama_server(
+            self.config, self.folder / "after", progress=self.progress, edit_argv=self.edit
+        )
+        return self.launched.target
+
+    def _daemon(self, d: PrivateDaemon) -> Target:
+        generation = d.readyz()[1].get("generation", 0)
+        if self.kind == "reload":
+            llama = d.config.get("llama") or {}
+            d.write_config({"llama": {"threads": 2 if llama.get("threads") == 1 else 1}})
+            d.signal(signal.SIGHUP)
+        elif self.kind == "kill":
+            pid = d.child_pid
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+        elif self.kind == "unload":
+            _until(lambda: not _loaded(d), "the idle unload", 120.0)
+            return d.target
+        else:  # restart: the same config (states folder, port), a new daemon
+            d.stop()
+            self.launched = d = start_llamagate(
+                d.config, d.keys["admin"], self.folder / "restarted", progress=self.progress
+            )
+            return d.target
+        d.wait_for(
+            lambda code, body: (
+                code == 200 and body.get("ready") is True and body.get("generation", 0) > generation
+            ),
+            f"a new child after the {self.kind}",
+        )
+        return d.target
+
+    def stop(self) -> None:
+        self.launched.stop()
+
+
+_TIER = "llamagate_conversation_state_"
+
+
+def _tier_figures(launched: object) -> dict[str, float] | None:
+    """A daemon's disk tier figures, summed over tenants, from its /metrics (None for another target)."""
+    if not isinstance(launched, PrivateDaemon):
+        return None
+    r = httpx.get(
+        launched.base_url + "/metrics", headers=launched.target.headers(), timeout=30, trust_env=False
+    )
+    r.raise_for_status()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        if family.name.startswith(_TIER) and family.type == "counter":
+            name = family.name.removeprefix(_TIER)
+            out[name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+        elif family.name == "llamagate_prompt_tokens_by_source":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    key = "prompt_tokens_" + s.labels["source"]
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _loaded(d: PrivateDaemon) -> bool:
+    models = d.admin_identity().get("models") or {}
+    return any(isinstance(m, dict) and m.get("loaded") for m in models.values())
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise ConversationFailed(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _on_demand(config: dict[str, object]) -> dict[str, object]:
+    """``config`` with its model on_demand and a 2 s idle_unload_s (preloaded): for ``--across unload``."""
+    llama = config.get("llama")
+    model = llama.get("model") if isinstance(llama, dict) else None
+    if not isinstance(model, dict):
+        model = {}
+    entry: dict[str, object] = {
+        "name": model.get("alias", "smollm2-135m-instruct"),
+        "residency": "on_demand",
+        "idle_unload_s": 2,
+        "preload": True,
+    }
+    if model.get("path"):
+        entry.update(path=model["path"], sha256=model.get("sha256"))
+    return deep_merge(config, {"models": [entry]})
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -129,6 +261,8 @@ def _handle(args: argparse.Namespace) -> int:
     for flag in ("conversations", "turns", "concurrency", "answer_tokens", "repeats", "replicas"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.across is not None and not 1 <= args.event_after < args.turns:
+        raise UsageError("--event-after must be at least 1 and less than --turns")
     if args.system_tokens < 20 or args.user_tokens < 10:
         raise UsageError("--system-tokens must be >= 20 and --user-tokens >= 10")
     work = conversations.Workload(
@@ -141,6 +275,8 @@ def _handle(args: argparse.Namespace) -> int:
         args.seed,
     )
     config = read_base_config(args.config)
+    if args.across == "unload":
+        config = _on_demand(config)
     out = options.out_dir(args, "conversations")
     progress = ConsoleProgress()
     # Written first: it holds the load average at the start (``hostload``); the launches join it at the end.
@@ -150,12 +286,19 @@ def _handle(args: argparse.Namespace) -> int:
     for round_ in range(args.repeats):
         order = names if round_ % 2 == 0 else names[::-1]
         for name in order:
-            launched = _start(name, config, out / "servers" / f"{name}-{round_}", progress, args.replicas)
+            folder = out / "servers" / f"{name}-{round_}"
+            launched = _start(name, config, folder, progress, args.replicas)
+            edit = llama_server_defaults if name == "bare-defaults" else None
+            across = _Across(args.across or "", launched, config, folder, progress, edit)
+            event = None
+            if args.across is not None:
+                event = conversations.Event(args.across, args.event_after, across.act)
             try:
                 launches.setdefault(name, launched.identity)
-                result = conversations.run(launched.target, name, work, progress)
+                result = conversations.run(launched.target, name, work, progress, event)
+                result.tier = _tier_figures(across.launched)
             finally:
-                launched.stop()
+                across.stop()
             result.target = name if args.repeats == 1 else f"{name} (round {round_ + 1})"
             results.append(result)
     provenance = json.loads((out / "provenance.json").read_text(encoding="utf-8"))
@@ -195,6 +338,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--repeats", type=int, default=1, help="rounds; every other one in reverse order (1)")
     p.add_argument("--seed", type=int, default=1, help="the workload's text (1)")
+    p.add_argument(
+        "--across",
+        choices=EVENTS,
+        help="an event between two turns of every conversation: a SIGHUP reload, an idle unload, a stop"
+        " and start of the daemon, a SIGKILL of the child",
+    )
+    p.add_argument("--event-after", type=int, default=2, help="turns played before the event (2)")
     p.add_argument("--config", type=Path, help="llamagate config to start from (default: embedded)")
     options.add_output_options(p)
     p.set_defaults(func=interruptible(_handle))
