@@ -59,6 +59,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("-ctv", "--cache-type-v")
     p.add_argument("--cache-ram")
     p.add_argument("--ctx-checkpoints")
+    p.add_argument("--slot-save-path")  # the disk tier's folder: this fake saves nothing
     p.add_argument("-sps", "--slot-prompt-similarity")
     p.add_argument("--no-cache-idle-slots", action="store_true")
     p.add_argument("--metrics", action="store_true")

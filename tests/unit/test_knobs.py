@@ -139,4 +139,5 @@ def test_the_config_classes_are_the_knobs_fields() -> None:
         "alias",
         "port",
         "llama",
+        "slot_states",  # the disk tier's folder (daemon/state_disk.py), not a knob
     ]

@@ -15,6 +15,7 @@ from supervisor.config.schema import Config, LlamaConfig
 from supervisor.daemon import state_disk
 from supervisor.daemon.state_disk import DEFAULT_MIB, plan_disk, state_identity, sweep
 from supervisor.launch.flags import LaunchSpec, build_argv
+from supervisor.launch.knobs import LlamaKnobs
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -60,7 +61,8 @@ def test_threads_do_not_change_the_folder_but_the_context_does(tmp_path: Path) -
 
 def test_the_folder_is_the_childs_slot_save_path(tmp_path: Path) -> None:
     states = plan_disk(_cfg(tmp_path), "m", "b", "x").states
-    spec = LaunchSpec(Path("/bin/llama-server"), Path("/m.gguf"), "m", 1234, slot_states=states)
+    knobs = LlamaKnobs(threads=1, threads_batch=1)
+    spec = LaunchSpec(Path("/bin/llama-server"), Path("/m.gguf"), "m", 1234, knobs, slot_states=states)
     argv = build_argv(spec)
     assert states is not None and argv[argv.index("--slot-save-path") + 1] == states.directory
     assert "--slot-save-path" not in build_argv(replace(spec, slot_states=None))
