@@ -81,7 +81,7 @@ from proxy.routes.charge import Account, NoAccount, open_account
 from proxy.routes.prompt_tokens import CHARGE_COUNT_S, count_prompt_tokens, estimate_prompt_tokens
 from proxy.routes.replay import Replay, replay_reason
 from proxy.routes.table import RouteSpec
-from proxy.schema import Context, check_body
+from proxy.schema import check_request
 from proxy.settings import TenantSettings, Timeouts
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
@@ -220,7 +220,6 @@ class Inference:
         the wrong type, out of range or undeclared is a 400 naming it; the tenant's bounds rewrite the
         rest. True when the body changed."""
         state = self.state
-        settings = state.settings
         try:
             state.poison.check(req.who.key_id, req.received)
         except Rejected as refused:
@@ -229,9 +228,9 @@ class Inference:
             )
             raise
         admin = "admin" in req.who.scopes
-        bounds = Context(req.tenant, admin, snap.slots, snap.n_vocab)
-        unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
-        return check_body(self.spec.body, payload, bounds, unknown, generates=self.spec.generates)
+        return check_request(
+            self.spec.body, payload, state.settings, req.tenant, admin, snap, generates=self.spec.generates
+        )
 
     def _servable(self, lane: Lane, snap: UpstreamSnapshot) -> None:
         if self.needs is not None and not getattr(snap, self.needs, False):

@@ -19,7 +19,7 @@ from proxy.asgi.responses import send_bytes, send_json
 from proxy.auth import Principal
 from proxy.errors import NotReady, UpstreamFailure, UpstreamTimeout
 from proxy.models.lane import Lane
-from proxy.schema import Context, check_body
+from proxy.schema import check_request
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 from proxy.upstream.connection import UpstreamClosed
@@ -96,12 +96,10 @@ class Passthrough:
     ) -> bytes | None:
         """The request schema, as on the generation routes: a 400 naming a bad or undeclared field."""
         assert self.schema is not None
-        settings = self.state.settings
-        admin = "admin" in principal.scopes
-        snap = lane.snapshot()
-        bounds = Context(self.state.tenant(principal.tenant), admin, snap.slots, snap.n_vocab)
-        unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
-        return bodies.dump(payload) if check_body(self.schema, payload, bounds, unknown) else raw
+        state = self.state
+        tenant, admin = state.tenant(principal.tenant), "admin" in principal.scopes
+        changed = check_request(self.schema, payload, state.settings, tenant, admin, lane.snapshot())
+        return bodies.dump(payload) if changed else raw
 
     def _running(self, lane: Lane) -> UpstreamSnapshot:
         """The lane's child, when it can answer this route; else 503 saying why."""

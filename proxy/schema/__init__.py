@@ -12,11 +12,20 @@ the route's own error shape; an undeclared field is refused by default.
 - ``llama``: the pinned server's ``server-schema.cpp``, field by field;
 - ``routes``: each route's fields (``SCHEMAS``), dialects included;
 - ``bounds``: the tenant's bounds that rewrite instead of refusing (token cap, prompt cache);
-- ``check``: ``check_body``, the one call, made once per request by the endpoint before admission.
+- ``check``: ``check_request`` (``check_body`` with the request's bounds), the one call, made once per
+  request by the endpoint before admission.
 """
 
-from proxy.schema.check import check_body, declared
+from proxy.schema.check import check_body, check_request, declared
 from proxy.schema.values import Context, FieldError, UnknownField
 from proxy.settings import UnknownPolicy
 
-__all__ = ["Context", "FieldError", "UnknownField", "UnknownPolicy", "check_body", "declared"]
+__all__ = [
+    "Context",
+    "FieldError",
+    "UnknownField",
+    "UnknownPolicy",
+    "check_body",
+    "check_request",
+    "declared",
+]

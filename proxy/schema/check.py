@@ -15,7 +15,8 @@ from proxy.schema.bounds import bound_generation
 from proxy.schema.fields import Field
 from proxy.schema.routes import SCHEMAS
 from proxy.schema.values import Context, FieldError, UnknownField
-from proxy.settings import UnknownPolicy
+from proxy.settings import ProxySettings, TenantSettings, UnknownPolicy
+from proxy.source import UpstreamSnapshot
 
 
 def check_body(
@@ -51,6 +52,23 @@ def check_body(
     if generates:
         rewritten = bound_generation(schema == "chat", payload, ctx.tenant, ctx.admin) or rewritten
     return rewritten
+
+
+def check_request(
+    schema: str,
+    payload: dict[str, Any],
+    settings: ProxySettings,
+    tenant: TenantSettings,
+    admin: bool,
+    snap: UpstreamSnapshot,
+    *,
+    generates: bool = False,
+) -> bool:
+    """``check_body`` for one request: its tenant's bounds, its child's slots and vocabulary, and the
+    unknown-field policy of its kind of key. The one entry of every route with a body."""
+    bounds = Context(tenant, admin, snap.slots, snap.n_vocab)
+    unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
+    return check_body(schema, payload, bounds, unknown, generates=generates)
 
 
 def declared(schema: str) -> Mapping[str, Field]:

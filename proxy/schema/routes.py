@@ -69,6 +69,13 @@ _LIST = Arr(Either((Str(), TokenList(), _ONE)), max_items=prompt_limit)
 PROMPT = Prompt()
 
 _ANY = Field(Json(), "accepted for the SDKs; llama-server does not read it")
+
+
+def _sdk_only(*names: str) -> dict[str, Field]:
+    """Fields an SDK sends that llama-server never reads: accepted as any JSON."""
+    return dict.fromkeys(names, _ANY)
+
+
 _MESSAGES = Field(Arr(Obj()), "the conversation", nullable=False)
 # Chat's tools as ``common_chat_tools_parse_oaicompat`` reads them: any other shape is the child's 500.
 _FUNCTION = Obj({"name": Str(), "description": Str(), "parameters": Obj()}, required=("name",), nulls=False)
@@ -118,27 +125,24 @@ CHAT = _fields(
     logprobs=Field(Either((Bool(), Int(0, logprob_limit))), "return log probabilities"),
     top_logprobs=Field(Int(0, logprob_limit), "candidates per token with logprobs"),
     id_slot=_ID_SLOT,
-    **{
-        name: _ANY
-        for name in (
-            "audio",
-            "function_call",
-            "functions",
-            "metadata",
-            "modalities",
-            "moderation",
-            "prediction",
-            "prompt_cache_key",
-            "prompt_cache_options",
-            "prompt_cache_retention",
-            "safety_identifier",
-            "service_tier",
-            "store",
-            "user",
-            "verbosity",
-            "web_search_options",
-        )
-    },
+    **_sdk_only(
+        "audio",
+        "function_call",
+        "functions",
+        "metadata",
+        "modalities",
+        "moderation",
+        "prediction",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "user",
+        "verbosity",
+        "web_search_options",
+    ),
 )
 
 # OpenAI Completions (``oaicompat_completion_params_parse``), then the pinned schema.
@@ -181,52 +185,46 @@ RESPONSES = _fields(
     reasoning=Field(Obj(), "reasoning options", nullable=False),
     top_logprobs=Field(Int(0, logprob_limit), "candidates per token"),
     id_slot=_ID_SLOT,
-    **{
-        name: _ANY
-        for name in (
-            "access_programs",
-            "background",
-            "background_options",
-            "context_management",
-            "conversation",
-            "image",
-            "include",
-            "metadata",
-            "moderation",
-            "personality",
-            "previous_response_id",
-            "prompt",
-            "prompt_cache_key",
-            "prompt_cache_options",
-            "prompt_cache_retention",
-            "safety_identifier",
-            "service_tier",
-            "store",
-            "text",
-            "truncation",
-            "user",
-            "max_tool_calls",
-        )
-    },
+    **_sdk_only(
+        "access_programs",
+        "background",
+        "background_options",
+        "context_management",
+        "conversation",
+        "image",
+        "include",
+        "metadata",
+        "moderation",
+        "personality",
+        "previous_response_id",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "text",
+        "truncation",
+        "user",
+        "max_tool_calls",
+    ),
 )
 
-_ANTHROPIC = {
-    name: _ANY
-    for name in (
-        "cache_control",
-        "container",
-        "context_management",
-        "diagnostics",
-        "inference_geo",
-        "mcp_servers",
-        "metadata",
-        "output_config",
-        "service_tier",
-        "speed",
-        "user_profile_id",
-        "workspace_id",
-    )
-}
+_ANTHROPIC = _sdk_only(
+    "cache_control",
+    "container",
+    "context_management",
+    "diagnostics",
+    "inference_geo",
+    "mcp_servers",
+    "metadata",
+    "output_config",
+    "service_tier",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+)
 
 # Anthropic Messages (``convert_anthropic_to_oai``).
 MESSAGES = _fields(

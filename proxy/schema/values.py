@@ -266,7 +266,7 @@ def _matches_type(kind: Value, value: Any) -> bool:
         return isinstance(value, dict)
     if isinstance(kind, Either):
         return any(_matches_type(k, value) for k in kind.kinds)
-    return kind.check is not None  # Json and the composite kinds below accept any type
+    return True  # Json and the composite kinds (Prompt, LogitBias) take any JSON type and judge it themselves
 
 
 def vocab(ctx: Context) -> tuple[float, str]:
