@@ -113,7 +113,7 @@ class Poison:
         return False
 
 
-class Turn:
+class ReplayTurn:
     """A replay's turn alone with the model's child; ``passed`` (idempotent) ends it."""
 
     __slots__ = ("_done", "_quarantine")
@@ -125,7 +125,7 @@ class Turn:
     def passed(self) -> None:
         if not self._done:
             self._done = True
-            self._quarantine._turn.release()
+            self._quarantine.release_turn()
             self._quarantine.leave()
 
 
@@ -154,10 +154,15 @@ class Quarantine:
             self._pending = 0
             self._clear.set()
 
-    async def take_turn(self) -> Turn:
+    async def take_turn(self) -> ReplayTurn:
         """Wait for the turn alone with the child (the caller bounds the wait with its deadline)."""
         await self._turn.acquire()
-        return Turn(self)
+        return ReplayTurn(self)
+
+    def release_turn(self) -> None:
+        """The replay whose turn it was is done with the child: the next one may take it
+        (``ReplayTurn.passed`` calls it, once)."""
+        self._turn.release()
 
     async def cleared(self) -> None:
         """Return once no replay is pending (the caller bounds the wait)."""
