@@ -29,11 +29,13 @@ stream began).
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
 
-A generation whose child dies (exit, liveness kill, restart) before any byte of its answer reached the
-client is admitted again, at the head of its tenant's queue, and runs once more on the next READY child
-within the same deadlines, alone with it (``_attempts``, the loop around forward; only the slots are taken
-again, with ``Pipeline.retake_slot``; ``proxy.routes.replay`` says when and how long it waits,
-``proxy.admission.poison`` why alone and what a second death means).
+A generation whose child dies (exit, liveness kill, a hang's kill, restart) before any byte of its answer
+reached the client is admitted again, at the head of its tenant's queue, and runs once more on the next
+READY child within the same deadlines, alone with it (``_attempts``, the loop around forward: one attempt
+per turn; only the slots are taken again, with ``Pipeline.retake_slot``). The request's part in that is
+``proxy.routes.replay.Recovery``'s (when and how long it waits, when it is poison instead, the verdict's
+metric and log); ``proxy.admission.poison`` says why alone and what a second death means. Each attempt
+goes through its model's disk tier (``proxy.routes.tier_turn``).
 
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
