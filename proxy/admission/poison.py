@@ -13,6 +13,9 @@ next child (``proxy.routes.replay``). That recovery must not turn one bad reques
   serves the replays one by one before anything else (seconds for ordinary requests; replays are rare).
 - **Verdict**: a request whose replay's child died is poison: it is not sent again (``PoisonRequest``,
   502), counted by model, tenant and key (``llamagate_poison_requests_total``, the access log's outcome).
+  A hang counts as a death: the supervisor kills a child whose loop stops answering, so its requests see
+  their connection close as at a crash. One request's way through all this is
+  ``proxy.routes.replay.Recovery`` (its steps, and the verdict with its metric and log).
 - **Cool-down** (``Poison``, one per door): a key with ``proxy.poison.strikes`` poison requests within
   ``window_s`` is refused for ``cooldown_s`` (429 ``key_cooling_down`` with ``Retry-After``), and the
   body of a poison request is refused from every key for ``cooldown_s`` (``poison_body``): one key
