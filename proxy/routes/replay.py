@@ -156,6 +156,18 @@ class Step(enum.Enum):
     POISON = "poison"  # its replay's child died too: it is not sent again
 
 
+# Every step ``Recovery`` may take from each step (Supervisor's transition table, ``states.py``): any
+# other is a bug in its caller, refused before it changes anything.
+TRANSITIONS: dict[Step, frozenset[Step]] = {
+    Step.FIRST: frozenset({Step.WAITING, Step.ANNOUNCED}),
+    Step.WAITING: frozenset({Step.FIRST}),
+    Step.ANNOUNCED: frozenset({Step.IN_TURN, Step.PASSED}),
+    Step.IN_TURN: frozenset({Step.PASSED, Step.POISON}),
+    Step.PASSED: frozenset(),
+    Step.POISON: frozenset(),
+}
+
+
 class Recovery:
     """One request's way through the protocol after deaths of its model's child, as a state (``step``)
     and its transitions; the endpoint's loop calls ``before_attempt``, ``failed`` and ``close``.
@@ -224,13 +236,14 @@ class Recovery:
         the turn alone with that child (IN_TURN). ``NotReady`` (503) when the wait ran out of time."""
         if self.step is Step.ANNOUNCED:
             return await self._take_turn()
-        assert self.step is Step.FIRST, self.step
+        if self.step is not Step.FIRST:
+            raise RuntimeError(f"replay protocol: no attempt after '{self.step.value}'")
         while self._quarantine.active:
-            self.step = Step.WAITING
+            self._go(Step.WAITING)
             permit.release()  # replays are being tried alone with the child: give the slot back meanwhile
             await self._until(self._quarantine.cleared(), "a crash's replays")
             permit = await self._state.pipeline.retake_slot(self._grant)
-            self.step = Step.FIRST
+            self._go(Step.FIRST)
         return permit
 
     async def failed(self, exc: UpstreamFailure, snap: UpstreamSnapshot | None) -> None:
@@ -249,20 +262,20 @@ class Recovery:
         self._ctx.replays.append((reason, self._since))
         # Announced at once, before the next child is READY: nothing that was not in flight at the death
         # is sent to that child until the replays are done.
+        self._go(Step.ANNOUNCED)
         self._quarantine.enter()
         self._failure = (snap, exc, reason)
-        self.step = Step.ANNOUNCED
 
     def close(self) -> None:
         """The request is done with the protocol, however it ended: an announced replay never sent
         leaves the quarantine (the requests behind it must not wait for it); a turn is passed."""
         if self.step is Step.ANNOUNCED:
+            self._go(Step.PASSED)
             self._quarantine.leave()
-            self.step = Step.PASSED
         elif self._turn is not None:
             self._turn.passed()  # idempotent: leaves the quarantine once
             if self.step is Step.IN_TURN:
-                self.step = Step.PASSED
+                self._go(Step.PASSED)
 
     async def _take_turn(self) -> Permit:
         assert self._failure is not None
@@ -271,7 +284,7 @@ class Recovery:
         await replay.next_child(failed, error, reason, self._deadline)
         permit = await self._state.pipeline.retake_slot(self._grant)
         self._turn = await self._until(self._quarantine.take_turn(), "its turn after a crash")
-        self.step = Step.IN_TURN
+        self._go(Step.IN_TURN)
         await replay.serving(self._deadline)  # it may have died meanwhile (``close`` passes the turn)
         self._ctx.queue_wait_s = (self._ctx.queue_wait_s or 0.0) + time.monotonic() - self._since
         return permit
@@ -284,7 +297,7 @@ class Recovery:
             return
         if not await Replay(self._state, self._lane, ctx).died(snap):
             return
-        self.step = Step.POISON
+        self._go(Step.POISON)
         ask = self._grant.ask
         cooling = self._state.poison.strike(ask.key_id, self._received)
         self._state.metrics.observe_poison(self._lane.name, ask.tenant.name, ask.key_id)
@@ -301,6 +314,11 @@ class Recovery:
             },
         )
         raise PoisonRequest() from exc
+
+    def _go(self, to: Step) -> None:
+        if to not in TRANSITIONS[self.step]:
+            raise RuntimeError(f"replay protocol: no step from '{self.step.value}' to '{to.value}'")
+        self.step = to
 
     async def _until(self, waiting: Awaitable[_T], what: str) -> _T:
         try:

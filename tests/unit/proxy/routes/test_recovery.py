@@ -17,7 +17,7 @@ from proxy.admission.poison import Poison, PoisonRefusal, PoisonRequest, Quarant
 from proxy.asgi.context import RequestContext
 from proxy.errors import NotReady, UpstreamGone, UpstreamTimeout, UpstreamUnreachable
 from proxy.routes import replay
-from proxy.routes.replay import Recovery, Step
+from proxy.routes.replay import TRANSITIONS, Recovery, Step
 from proxy.settings import PoisonSettings
 from proxy.source import UpstreamSnapshot
 
@@ -377,3 +377,30 @@ async def test_in_turn_whose_child_died_before_its_attempt_passes_the_turn() -> 
     assert r.step is Step.IN_TURN
     r.close()
     assert r.step is Step.PASSED and not lane.quarantine.active
+
+
+# --- the table ------------------------------------------------------------------------------------------
+def test_the_transitions_are_the_issues_and_passed_and_poison_are_final() -> None:
+    assert [s.value for s in Step] == ["first", "waiting", "announced", "in turn", "passed", "poison"]
+    edges = {(a.name, b.name) for a, nexts in TRANSITIONS.items() for b in nexts}
+    assert edges == {
+        ("FIRST", "WAITING"),
+        ("WAITING", "FIRST"),
+        ("FIRST", "ANNOUNCED"),
+        ("ANNOUNCED", "IN_TURN"),
+        ("ANNOUNCED", "PASSED"),
+        ("IN_TURN", "PASSED"),
+        ("IN_TURN", "POISON"),
+    }
+
+
+async def test_no_attempt_after_the_protocol_ended() -> None:
+    lane = Lane()
+    door = Door(lane)
+    r, _, _ = await in_turn(door, lane)
+    with pytest.raises(RuntimeError, match="no attempt after 'in turn'"):
+        await r.before_attempt(Permit(0))  # one replay only: a second attempt in turn is a caller's bug
+    r.close()
+    with pytest.raises(RuntimeError, match="no attempt after 'passed'"):
+        await r.before_attempt(Permit(0))
+    assert not lane.quarantine.active
