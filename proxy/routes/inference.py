@@ -368,11 +368,11 @@ class Inference:
             self.state.upstream,
             snap,
             pin,
-            grant.ask.conversation if req.plan.reuse else None,
-            req.tenant.name,
-            ctx.request_id,
-            req.account.tap(self.fmt),
-            self.fmt,
+            key=grant.ask.conversation if req.plan.reuse else None,
+            tenant=req.tenant.name,
+            request_id=ctx.request_id,
+            tap=req.account.tap(self.fmt),
+            fmt=self.fmt,
         ) as tier:
             relay = tier.relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, tier.tap)
             req.account.relay = relay  # charged at the end: the last attempt's usage

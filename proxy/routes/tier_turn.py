@@ -46,6 +46,7 @@ class TierTurn:
         upstream: Upstream,
         snap: UpstreamSnapshot,
         pin: Pin | None,
+        *,
         key: str | None,
         tenant: str,
         request_id: str,

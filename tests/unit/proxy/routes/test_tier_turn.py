@@ -53,11 +53,11 @@ def turn(tier: Tier, tap: UsageTap | None = None) -> TierTurn:
         SimpleNamespace(),  # type: ignore[arg-type]
         SNAP,
         PIN,  # type: ignore[arg-type]
-        "conv",
-        "t",
-        "req-1",
-        tap,
-        OPENAI,
+        key="conv",
+        tenant="t",
+        request_id="req-1",
+        tap=tap,
+        fmt=OPENAI,
     )
 
 
