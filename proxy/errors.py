@@ -3,7 +3,10 @@
 
     ProxyError                      500 internal_error (a bug; the message stays generic)
     ├── BadRequest                  400 invalid_request_error   unparsable / non-object JSON, bad field
-    │   └── ContextTooLarge         400 exceed_context_size_error  llama-server's own shape
+    │   ├── ContextTooLarge         400 exceed_context_size_error  llama-server's own shape
+    │   └── FieldError              400 invalid_field            a body field the schema refuses (+ param;
+    │       │                                                    proxy.schema.values)
+    │       └── UnknownField        400 unknown_field            a field the route does not declare
     ├── Unauthorized                401 authentication_error     + WWW-Authenticate: Bearer
     ├── Forbidden                   403 permission_error         key lacks the route's scope
     ├── NotFound                    404 not_found_error          unknown route
@@ -13,19 +16,30 @@
     ├── Cancelled                   410 cancelled_error          an operator cancelled the request
     ├── PayloadTooLarge             413 invalid_request_error    body over proxy.max_body_bytes
     ├── Rejected                    429 rate_limit_error         + Retry-After; queue_full, queue_timeout
+    │   └── PoisonRefusal           429 key_cooling_down,        + Retry-After; a key after its strikes, a
+    │                                   poison_body              body that killed two children
+    │                                                            (proxy.admission.poison)
     ├── NotReady                    503 unavailable_error        + Retry-After; child not READY or draining
     ├── SharedLimitsUnavailable     503 unavailable_error        + Retry-After; Redis down, refuse mode
     ├── StoreUnavailable            503 unavailable_error        an admin change the accounts store refused
     └── UpstreamFailure             502 upstream_error           child died / hung up / malformed answer
         ├── UpstreamGone            502 upstream_error           the child closed the connection before
-        │                                                        the answer was complete (died, killed,
-        │                                                        restarted)
+        │   │                                                    the answer was complete (died, killed,
+        │   │                                                    restarted)
+        │   └── PoisonRequest       502 poison_request           in flight at two deaths (or hangs) of its
+        │                                                        model's child: not sent again
+        │                                                        (proxy.admission.poison)
         ├── UpstreamUnreachable     503 unavailable_error        + Retry-After; nothing reached the child
-        └── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
+        ├── UpstreamTimeout         504 upstream_timeout         connect, first-token or total deadline
+        └── AnswerTooLarge          502 upstream_error           a non-streamed answer over
+                                                                 proxy.max_response_bytes
+                                                                 (proxy.streams.assemble)
 
-A generation whose child went away (``UpstreamGone``, ``UpstreamUnreachable``) before any byte of its
-answer reached the client is run once more on the next child instead (``proxy.routes.replay``); these
-are what it ends with when it is not.
+A generation whose child went away (``UpstreamGone``, ``UpstreamUnreachable``; a hung child is killed, so
+its requests see the same) before any byte of its answer reached the client is run once more on the next
+child instead (``proxy.routes.replay``); these are what it ends with when it is not. The subclasses
+defined beside their owners (the schema's, poison's, the assembler's) are drawn here too: this is the
+one tree.
 
 Errors the child itself answers (a 4xx/5xx with a JSON body) are not exceptions: they pass through with
 their status and body untouched. ``outcome`` is the access log's word for how the request ended.
@@ -170,7 +184,7 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 class Rejected(ProxyError):
-    """SlotGate said no: the tenant's queue is full or the wait hit its deadline."""
+    """Admission said no: the tenant's queue is full or the wait hit its deadline."""
 
     status = 429
     type = "rate_limit_error"

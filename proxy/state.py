@@ -1,7 +1,7 @@
 """The door's state, shared by every request and exposed to the daemon as ``app.state.proxy``.
 
 What belongs to the door rather than to one model: settings, keys and tenants, the admission pipeline
-every generation request enters (``admission``: ``proxy.admission.pipeline``, built here from the
+every generation request enters (``pipeline``: ``proxy.admission.pipeline``, built here from the
 settings and again on reload), every tenant's total across models (``totals``), the counting routes'
 rate, the one upstream connection pool (it keeps connections per child), the model router (always set,
 at least one lane: ``proxy.models``), the count of requests being handled (for the drain), the
@@ -166,7 +166,7 @@ class ProxyState:
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is being handled; True if that happened within ``timeout_s``.
-        SlotGate of new work is stopped by the snapshot (``ready=False``), not here."""
+        Admission of new work is stopped by the snapshot (``ready=False``), not here."""
         self.draining = True
         if self._active == 0:
             return True

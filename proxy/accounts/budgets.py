@@ -26,7 +26,7 @@ Requests are counted when admitted, so ``requests_per_minute`` holds exactly (no
 are kept for every tenant and key, budget or not, so a budget added by a reload or an admin change
 starts from the real recent usage; a changed limit keeps the counts.
 
-SlotGate reads a window as it stands (``Window.total``) and drops its expired entries only once they
+Admission reads a window as it stands (``Window.total``) and drops its expired entries only once they
 are ``EXPIRY_LAG_S`` overdue, or at once when the count as it stands would refuse the request: an entry
 that has just expired may lower an answer's remaining figure for a moment, never refuse a request,
 and no entry that should count is ever missed (the bound holds).

@@ -1,4 +1,4 @@
-"""SlotGate control: the concurrency budget in front of llama-server's slots.
+"""Admission control: the concurrency budget in front of llama-server's slots.
 
 Two limits hold at every instant: at most ``capacity`` slots in total (the child's slot count, so the
 child never queues behind our back) and at most ``max_concurrency`` slots per tenant. A request that
@@ -109,8 +109,8 @@ class Permit:
         # The request's own priority (its tenant's, or lower), not the aged one.
         self.priority = priority
         self.released = False
-        # The slot of the child it runs on (``proxy.conversations.slots``), set by the pipeline's slot
-        # step; freed when the gate counts the slot free again.
+        # The slot of the child it runs on (``proxy.conversations.slots``), set by the gate itself when it
+        # grants the permit (``SlotGate.acquire``); freed when the gate counts the slot free again.
         self.pin: Pin | None = None
 
     def release(self, linger_s: float = 0.0, confirm: Callable[[], Awaitable[object]] | None = None) -> None:

@@ -13,6 +13,9 @@ next child (``proxy.routes.replay``). That recovery must not turn one bad reques
   serves the replays one by one before anything else (seconds for ordinary requests; replays are rare).
 - **Verdict**: a request whose replay's child died is poison: it is not sent again (``PoisonRequest``,
   502), counted by model, tenant and key (``llamagate_poison_requests_total``, the access log's outcome).
+  A hang counts as a death: the supervisor kills a child whose loop stops answering, so its requests see
+  their connection close as at a crash. One request's way through all this is
+  ``proxy.routes.replay.Recovery`` (its steps, and the verdict with its metric and log).
 - **Cool-down** (``Poison``, one per door): a key with ``proxy.poison.strikes`` poison requests within
   ``window_s`` is refused for ``cooldown_s`` (429 ``key_cooling_down`` with ``Retry-After``), and the
   body of a poison request is refused from every key for ``cooldown_s`` (``poison_body``): one key
@@ -113,7 +116,7 @@ class Poison:
         return False
 
 
-class Turn:
+class ReplayTurn:
     """A replay's turn alone with the model's child; ``passed`` (idempotent) ends it."""
 
     __slots__ = ("_done", "_quarantine")
@@ -125,7 +128,7 @@ class Turn:
     def passed(self) -> None:
         if not self._done:
             self._done = True
-            self._quarantine._turn.release()
+            self._quarantine.release_turn()
             self._quarantine.leave()
 
 
@@ -154,10 +157,15 @@ class Quarantine:
             self._pending = 0
             self._clear.set()
 
-    async def take_turn(self) -> Turn:
+    async def take_turn(self) -> ReplayTurn:
         """Wait for the turn alone with the child (the caller bounds the wait with its deadline)."""
         await self._turn.acquire()
-        return Turn(self)
+        return ReplayTurn(self)
+
+    def release_turn(self) -> None:
+        """The replay whose turn it was is done with the child: the next one may take it
+        (``ReplayTurn.passed`` calls it, once)."""
+        self._turn.release()
 
     async def cleared(self) -> None:
         """Return once no replay is pending (the caller bounds the wait)."""

@@ -1,6 +1,6 @@
 """One generation request's account: the usage it is charged at the end, in the ledger and its budgets.
 
-SlotGate (``proxy.admission.pipeline``) takes the budgets' holds; this is the other half, what the
+Admission (``proxy.admission.pipeline``) takes the budgets' holds; this is the other half, what the
 request used. ``Inference`` opens an ``Account`` around each request (``open_account``: with neither a
 store nor budgets, ``NO_ACCOUNT``, whose every step does nothing) and uses it at two points:
 

@@ -29,11 +29,13 @@ stream began).
 Deadlines (``proxy.timeouts``): ``first_token_s`` from admission to the first generated token of a
 stream; ``total_s`` from arrival to the last byte. A non-streamed answer only has the total deadline.
 
-A generation whose child dies (exit, liveness kill, restart) before any byte of its answer reached the
-client is admitted again, at the head of its tenant's queue, and runs once more on the next READY child
-within the same deadlines, alone with it (``_attempts``, the loop around forward; only the slots are taken
-again, with ``Pipeline.retake_slot``; ``proxy.routes.replay`` says when and how long it waits,
-``proxy.admission.poison`` why alone and what a second death means).
+A generation whose child dies (exit, liveness kill, a hang's kill, restart) before any byte of its answer
+reached the client is admitted again, at the head of its tenant's queue, and runs once more on the next
+READY child within the same deadlines, alone with it (``_attempts``, the loop around forward: one attempt
+per turn; only the slots are taken again, with ``Pipeline.retake_slot``). The request's part in that is
+``proxy.routes.replay.Recovery``'s (when and how long it waits, when it is poison instead, the verdict's
+metric and log); ``proxy.admission.poison`` says why alone and what a second death means. Each attempt
+goes through its model's disk tier (``proxy.routes.tier_turn``).
 
 Non-streamed chat and completions are asked of the child as streams and assembled here
 (``proxy.streams.assemble`` says why: it is how a client that leaves stops the child's work at once).
@@ -46,11 +48,9 @@ hold of the grant.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Awaitable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -59,7 +59,6 @@ from proxy.admission.asks import Asked, asked
 from proxy.admission.gate import Permit
 from proxy.admission.inflight import Tracked
 from proxy.admission.pipeline import Ask, Grant
-from proxy.admission.poison import PoisonRequest, Turn
 from proxy.admission.settle import SlotsSettled
 from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
@@ -69,18 +68,17 @@ from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_ke
 from proxy.errors import (
     ContextTooLarge,
     NotFound,
-    NotReady,
     ProxyError,
     Rejected,
     UpstreamFailure,
-    UpstreamGone,
     UpstreamTimeout,
 )
 from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
 from proxy.routes.prompt_tokens import CHARGE_COUNT_S, count_prompt_tokens, estimate_prompt_tokens
-from proxy.routes.replay import Replay, replay_reason
+from proxy.routes.replay import Recovery
 from proxy.routes.table import RouteSpec
+from proxy.routes.tier_turn import TierTurn
 from proxy.schema import check_request
 from proxy.settings import TenantSettings, Timeouts
 from proxy.source import UpstreamSnapshot
@@ -89,12 +87,7 @@ from proxy.streams.assemble import AnswerTooLarge, assembled_as
 from proxy.streams.assemble import Kind as AssembledKind
 from proxy.streams.formats import StreamFormat
 from proxy.streams.relay import Exchange, Relay
-from proxy.streams.usage import UsageTap
 from proxy.telemetry.request import genai_for, read_params
-from proxy.upstream.slot_actions import ChildSlots
-
-_log = logging.getLogger("llamagate.proxy")
-_T = TypeVar("_T")
 
 
 class _Plan:
@@ -321,135 +314,79 @@ class Inference:
 
     # --- forward; once more on the next child (``proxy.routes.replay``) ----------------------------------
     async def _attempts(self, req: _Request, grant: Grant) -> None:
-        """Forward the admitted request; when its child dies before any byte of the answer reached the
-        client, wait for the next READY child and do it once more, at the head of the tenant's queue,
-        within the deadlines of the first admission, and alone with that child until it ends
-        (``proxy.admission.poison``: a death then makes the request poison, never sent again)."""
-        ctx, lane = req.ctx, req.lane
-        quarantine = lane.quarantine
+        """Forward the admitted request; when its child dies (or hangs and is killed) before any byte of
+        the answer reached the client, do it once more on the next READY child, alone with it
+        (``proxy.routes.replay.Recovery`` says when, and when it is poison instead)."""
+        ctx = req.ctx
         deadlines = _Deadlines(self.state.settings.timeouts, ctx.started)
+        recovery = Recovery(
+            self.state,
+            req.lane,
+            ctx,
+            grant,
+            req.received,
+            self._deadline(req, deadlines),
+            replayable=self.spec.replayable,
+            entry=req.entry,
+        )
         permit = grant.permit
         assert permit is not None
         ctx.admitted_at = time.monotonic()
-        # A replay's state: announced to the quarantine (``announced``), then its turn alone with the child.
-        announced = False
-        turn: Turn | None = None
         try:
             while True:
-                if not announced and quarantine.active:
-                    # Replays are being tried alone with the child: give the slot back meanwhile.
-                    permit.release()
-                    await self._until(quarantine.cleared(), deadlines, req, "a crash's replays")
-                    permit = await self.state.pipeline.retake_slot(grant)
-                    continue
+                permit = await recovery.before_attempt(permit)
                 exchange = Exchange()
                 snap: UpstreamSnapshot | None = None
-                replay: tuple[UpstreamFailure, str] | None = None
+                child_gone = False
                 try:
                     # The child may have restarted while we queued: never mix its old address and new secret.
-                    snap = lane.ready_snapshot()
-                    pin = permit.pin
-                    # --- disk tier: save what the slot replaces, restore this conversation's state ---
-                    kept = await lane.tier.before_turn(
-                        snap.slot_states,
-                        snap.generation,
-                        ChildSlots(self.state.upstream, snap, ctx.request_id),
-                        pin,
-                        grant.ask.conversation if req.plan.reuse else None,
-                        req.tenant.name,
-                    )
-                    tap = req.account.tap(self.fmt)
-                    if tap is None and kept is not None:  # the tier reads the turn's cached count
-                        tap = UsageTap(self.fmt.usage)
-                    # --- end disk tier ---
-                    relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, tap)
-                    req.account.relay = relay  # charged at the end: the last attempt's usage
-                    req.entry.running(relay)
-                    raw = (
-                        req.raw
-                        if pin is None or pin.slot is None
-                        else body.with_field(req.raw, "id_slot", pin.slot)
-                    )
-                    try:
-                        await self._forward(snap, req, raw, relay, deadlines)
-                    finally:
-                        lane.tier.after_turn(kept, *_reported(relay))  # disk tier: checked reuse, counts
+                    snap = req.lane.ready_snapshot()
+                    await self._attempt(req, grant, permit, snap, exchange, deadlines)
                     return
                 except UpstreamFailure as exc:
-                    if turn is not None:
-                        await self._judge(req, exc, snap)
-                        raise
-                    reason = replay_reason(exc, ctx) if self.spec.replayable else None
-                    if reason is None:
-                        raise
-                    replay = (exc, reason)
+                    await recovery.failed(exc, snap)  # returns when the request is replayed, else raises
+                    child_gone = True
                 finally:
-                    self._release(req, permit, exchange, snap, child_gone=replay is not None)
-                    if turn is not None:
-                        turn.passed()
-                assert snap is not None  # a failure of the child needs a child
-                waited = time.monotonic()
-                req.entry.queued()
-                ctx.replays.append((replay[1], time.monotonic()))
-                # Announced at once, before the next child is READY: nothing that was not in flight at
-                # the death is sent to that child until the replays are done.
-                quarantine.enter()
-                announced = True
-                replayer = Replay(self.state, lane, ctx)
-                await replayer.next_child(snap, *replay, self._deadline(req, deadlines))
-                permit = await self.state.pipeline.retake_slot(grant)
-                turn = await self._until(quarantine.take_turn(), deadlines, req, "its turn after a crash")
-                try:
-                    await replayer.serving(self._deadline(req, deadlines))  # it may have died meanwhile
-                except BaseException:
-                    turn.passed()
-                    raise
-                ctx.queue_wait_s = (ctx.queue_wait_s or 0.0) + time.monotonic() - waited
+                    self._release(req, permit, exchange, snap, child_gone)
         finally:
-            if announced and turn is None:
-                quarantine.leave()  # announced, never sent: the requests behind it must not wait for it
+            recovery.close()
+
+    async def _attempt(
+        self,
+        req: _Request,
+        grant: Grant,
+        permit: Permit,
+        snap: UpstreamSnapshot,
+        exchange: Exchange,
+        deadlines: _Deadlines,
+    ) -> None:
+        """One attempt on the child ``snap`` names, through its model's disk tier
+        (``proxy.routes.tier_turn``), on the slot its permit pins when it pins one."""
+        ctx, pin = req.ctx, permit.pin
+        async with TierTurn(
+            req.lane.tier,
+            self.state.upstream,
+            snap,
+            pin,
+            key=grant.ask.conversation if req.plan.reuse else None,
+            tenant=req.tenant.name,
+            request_id=ctx.request_id,
+            tap=req.account.tap(self.fmt),
+            fmt=self.fmt,
+        ) as tier:
+            relay = tier.relay = Relay(ctx, req.send, req.watch, self.fmt, exchange, tier.tap)
+            req.account.relay = relay  # charged at the end: the last attempt's usage
+            req.entry.running(relay)
+            raw = (
+                req.raw if pin is None or pin.slot is None else body.with_field(req.raw, "id_slot", pin.slot)
+            )
+            await self._forward(snap, req, raw, relay, deadlines)
 
     def _deadline(self, req: _Request, deadlines: _Deadlines) -> float:
         """The loop-clock deadline of a wait before the request's (next) attempt."""
         if req.plan.stream:
             return min(deadlines.first_at, deadlines.total_at)
         return deadlines.total_at
-
-    async def _until(self, waiting: Awaitable[_T], deadlines: _Deadlines, req: _Request, what: str) -> _T:
-        try:
-            async with asyncio.timeout_at(self._deadline(req, deadlines)):
-                return await waiting
-        except TimeoutError:
-            raise NotReady(
-                f"the model '{req.lane.name}' is being checked after its llama-server died; waiting for "
-                f"{what} ran out of the request's time",
-                1.0,
-            ) from None
-
-    async def _judge(self, req: _Request, exc: UpstreamFailure, snap: UpstreamSnapshot | None) -> None:
-        """A replay failed. If its child died, with nothing of the answer out, the request is poison: it
-        was in flight at two deaths, the second time alone with the child (``proxy.admission.poison``)."""
-        ctx = req.ctx
-        if not isinstance(exc, UpstreamGone) or ctx.response_started or snap is None:
-            return
-        if not await Replay(self.state, req.lane, ctx).died(snap):
-            return
-        state = self.state
-        cooling = state.poison.strike(req.who.key_id, req.received)
-        state.metrics.observe_poison(req.lane.name, req.tenant.name, req.who.key_id)
-        _log.warning(
-            "a request was in flight at two deaths of its model's llama-server: not sent again",
-            extra={
-                "fields": {
-                    "request_id": ctx.request_id,
-                    "model": req.lane.name,
-                    "tenant": req.tenant.name,
-                    "key_id": req.who.key_id,
-                    "key_cools_down": cooling,
-                }
-            },
-        )
-        raise PoisonRequest() from exc
 
     def _release(
         self,
@@ -547,12 +484,3 @@ class Inference:
         # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
         if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
             raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
-
-
-def _reported(relay: Relay) -> tuple[int | None, int]:
-    """(prompt, cached) tokens as the child reported them for the disk tier; (None, 0) when it did not."""
-    tap, meter = relay.usage, relay.meter
-    if tap is None:
-        return None, 0
-    usage = tap.result(meter.reports if meter is not None else ())
-    return (usage.prompt, usage.cached) if usage.reported else (None, 0)

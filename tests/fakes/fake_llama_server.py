@@ -3,8 +3,8 @@ scrubbed environment the supervisor gives its child).
 
 It accepts llama-server's command line (the flags the supervisor passes), binds the port at once and
 answers 503 "Loading model" like the real one while it "loads", then serves /health, /v1/models
-(alias and per-slot n_ctx = -c / -np) and a one-token /v1/completions, all but /health behind the
-LLAMA_API_KEY bearer secret. Switches make it misbehave:
+(alias and per-slot n_ctx = -c / -np) , /slots (each slot idle) and a one-token /v1/completions, all
+but /health behind the LLAMA_API_KEY bearer secret. Switches make it misbehave:
 
   --load-seconds S              normal load time (default 0.2)
   --exit-during-load CODE       print a few log lines, then exit with CODE before ready
@@ -17,8 +17,15 @@ LLAMA_API_KEY bearer secret. Switches make it misbehave:
   --wrong-ctx                   report a different n_ctx than asked (the readiness gate must refuse)
   --abort-on MARKER             abort (SIGABRT, like a failed GGML_ASSERT) on a POST whose body holds MARKER
   --answer-seconds S            take S seconds to answer a completion (a request stays in flight that long)
-  --request-log PATH            append one JSON line per POST received: pid, path, whether MARKER was in it
-                                and the body's first 2000 characters (written before any abort)
+  --hold-on MARKER              hold the server loop on a POST whose body holds MARKER, as a request that
+                                never yields does: from then on nothing is answered (that request, the
+                                others in flight, /slots, every later request) until the process is killed,
+                                but /health, which the pinned server answers without its loop (HTTP thread)
+  --hold-file PATH              with --hold-on: hold only while PATH exists, and remove it on holding (one
+                                hold; the marked request is then served, or aborts with --abort-on MARKER)
+  --request-log PATH            append one JSON line per POST received: pid, path, whether a marker was in
+                                it, whether it holds the loop, and the body's first 2000 characters
+                                (written before any abort or hold)
   --cpu-fallback                with -ngl and a device, still report 0 layers offloaded
 
 GPU, as a vulkan build on a machine whose only device is lavapipe: ``--list-devices`` lists one device
@@ -80,6 +87,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--abort-on")
     p.add_argument("--request-log")
     p.add_argument("--answer-seconds", type=float, default=0.0)
+    p.add_argument("--hold-on")
+    p.add_argument("--hold-file")
     p.add_argument("-dev", "--device")
     p.add_argument("-lv", "--verbosity", type=int, default=3)
     p.add_argument("--list-devices", action="store_true")
@@ -116,6 +125,8 @@ def report_offload(a: argparse.Namespace) -> None:
 class State:
     ready = threading.Event()
     hang = threading.Event()
+    held = threading.Event()  # --hold-on: the server loop is held
+    hold_lock = threading.Lock()
     args: argparse.Namespace
     secret = ""
 
@@ -146,11 +157,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if State.hang.is_set():
             time.sleep(3600)
+        if self.path != "/health":
+            wait_while_held()
         if not self.gate():
             return
         a = State.args
         if self.path == "/health":
             self.reply(200, {"status": "ok"})
+        elif self.path == "/slots":
+            self.reply(200, [{"id": i, "is_processing": False} for i in range(a.parallel)])
         elif self.path in ("/v1/models", "/models"):
             n_ctx = a.ctx_size // a.parallel + (256 if a.wrong_ctx else 0)
             self.reply(200, {"object": "list", "data": [{"id": a.alias, "meta": {"n_ctx": n_ctx}}]})
@@ -160,14 +175,20 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if State.hang.is_set():
             time.sleep(3600)
+        wait_while_held()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode("utf-8", "replace")
         if not self.gate():
             return
         marker = State.args.abort_on
         poisoned = marker is not None and marker in body
+        holds = holds_loop(body)
         if State.args.request_log:
-            record_request(State.args.request_log, self.path, body, poisoned)
+            record_request(State.args.request_log, self.path, body, poisoned or holds, holds)
+        if holds:
+            log("holding the server loop (fake): nothing but /health is answered from now on")
+            State.held.set()
+            wait_while_held()
         if poisoned:
             log("GGML_ASSERT failed (fake): aborting on the marked request")
             # No core file: the test's folder is not the place for one.
@@ -175,6 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             os.abort()
         if self.path in ("/v1/completions", "/completions"):
             time.sleep(State.args.answer_seconds)
+            wait_while_held()  # a request in flight when the loop is held is never answered
             self.reply(
                 200,
                 {
@@ -186,8 +208,30 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
 
-def record_request(path: str, route: str, body: str, poisoned: bool) -> None:
-    line = json.dumps({"pid": os.getpid(), "path": route, "marked": poisoned, "body": body[:2000]})
+def wait_while_held() -> None:
+    """The server loop is held: no answer but /health's until the process is killed."""
+    while State.held.is_set():
+        time.sleep(3600)
+
+
+def holds_loop(body: str) -> bool:
+    """The request holds the loop (``--hold-on``), once per ``--hold-file`` when one is named."""
+    a = State.args
+    if a.hold_on is None or a.hold_on not in body:
+        return False
+    if a.hold_file is None:
+        return True
+    with State.hold_lock:
+        try:
+            os.remove(a.hold_file)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+def record_request(path: str, route: str, body: str, marked: bool, held: bool = False) -> None:
+    record = {"pid": os.getpid(), "path": route, "marked": marked, "held": held, "body": body[:2000]}
+    line = json.dumps(record)
     # One write of one line in append mode: concurrent handlers' lines do not interleave.
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")

@@ -1,4 +1,4 @@
-"""SlotGate that holds for every request shape, with the real llama-server (2 slots) behind the daemon:
+"""Admission that holds for every request shape, with the real llama-server (2 slots) behind the daemon:
 wide requests counted or refused, response-size levers bounded, cache hits hidden across tenants, an
 abandoned non-streamed request that frees its slot before its permit moves on, malformed bodies 400."""
 

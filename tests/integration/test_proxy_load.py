@@ -1,4 +1,4 @@
-"""SlotGate and streaming faults through the real daemon and the real child: limits hold, overload is
+"""Admission and streaming faults through the real daemon and the real child: limits hold, overload is
 refused without waiting for a slot while the admitted requests run side by side, disconnects cancel the
 child's work, and a child killed mid-stream ends the client's stream with an error instead of a hang.
 

@@ -221,7 +221,7 @@ def test_a_reserve_that_fits_one_budget_and_not_another_holds_it_there_and_overs
 
 
 def test_an_expired_charge_counts_in_the_headers_for_a_moment_at_most_and_never_refuses() -> None:
-    """SlotGate reads a window as it stands and expires its entries once they are EXPIRY_LAG_S overdue:
+    """Admission reads a window as it stands and expires its entries once they are EXPIRY_LAG_S overdue:
     a charge just past its minute may still lower an answer's remaining figure for that long, but a
     request that only an expired charge would keep out is counted exactly and admitted."""
     budgets = Budgets({"t": BudgetSettings(tokens_per_minute=100)})

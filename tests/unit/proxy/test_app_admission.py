@@ -1,4 +1,4 @@
-"""SlotGate, disconnects, child faults and deadlines through the whole app (uvicorn + fake child)."""
+"""Admission, disconnects, child faults and deadlines through the whole app (uvicorn + fake child)."""
 
 from __future__ import annotations
 
