@@ -26,9 +26,16 @@ Redis unreachable (refused, reset, or no answer within ``socket_timeout_s``): th
 ``cluster.on_redis_error``, said once in the log and by ``llamagate_cluster_mode``. ``local``: each
 replica allows a tenant ``max(1, limit // replicas)`` by itself until Redis is back, counting every
 request it holds (those still running on leases Redis granted before, too; the local gate still applies);
-``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``PROBE_S`` and switches back to
-``cluster`` once it answers (logged once): no restart. Requests already running keep running through every
-switch; their leases are renewed (re-added if Redis lost them) once it is back.
+``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``cluster.probe_interval_s`` and switches
+back to ``cluster`` once it answers (logged once): no restart. Requests already running keep running through
+every switch; their leases are renewed (re-added if Redis lost them) once it is back.
+
+A replica that gets no traffic notices an outage too: from ``start`` (the app's startup), a watch pings
+Redis every ``cluster.probe_interval_s`` while the mode is ``cluster``; a failed ping switches the mode as
+a failed call of a request does. So every replica's ``llamagate_cluster_mode`` says the truth within one
+interval of a Redis that refuses (a hung one: plus one call's timeout, ``2 x socket_timeout_s``), whether
+or not it had requests, and within one interval of its return (the probe above). Whoever else keeps state
+in the same Redis (``proxy.cluster.poison``) is told when Redis is back (``on_resume``).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import math
 import random
 import secrets
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 from redis.asyncio import Redis
@@ -61,7 +68,8 @@ MODES: tuple[Mode, ...] = ("cluster", "local", "refuse")
 # per waiter, not in a loop.
 _FIRST_RETRY_S = 0.02
 _MAX_RETRY_S = 0.2
-# How often a degraded replica asks whether Redis is back; also the Retry-After of a refusal.
+# The default of ``cluster.probe_interval_s``: how often a replica asks whether Redis answers (whether it is
+# still there, or back); also the Retry-After of a refusal.
 PROBE_S = 1.0
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -113,9 +121,18 @@ class ClusterLimiter:
         self._local_held = 0
         self._local_leases: dict[str, ClusterLease] = {}  # member -> lease taken under the fallback
         self._released = asyncio.Event()
+        self.probe_s = settings.probe_interval_s
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Called (off the path) each time Redis answers again after an outage.
+        self.on_resume: list[Callable[[], None]] = []
+
+    def start(self) -> None:
+        """Watch Redis from now on, with or without traffic (in the app's running loop; idempotent)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="cluster-watch")
 
     # --- what metrics and tests read -------------------------------------------------------------------
     @property
@@ -171,7 +188,7 @@ class ClusterLimiter:
                     if outcome == "full":
                         raise Rejected(
                             "queue_full",
-                            PROBE_S,
+                            self.probe_s,
                             f"tenant '{tenant.name}' is at its limit of {tenant.max_concurrency} concurrent "
                             f"requests and {tenant.max_queue} queued across the replicas; retry later",
                         )
@@ -179,7 +196,7 @@ class ClusterLimiter:
                     raise SharedLimitsUnavailable(
                         "the shared limits (Redis) are unreachable and cluster.on_redis_error is refuse; "
                         "retry later",
-                        PROBE_S,
+                        self.probe_s,
                     )
                 elif self._take_local(ask):
                     lease = self._local_leases[ask.member] = ClusterLease(self, ask, local=True)
@@ -189,7 +206,7 @@ class ClusterLimiter:
                     own = " (the request's own maximum wait)" if wait_s < tenant.queue_timeout_s else ""
                     raise Rejected(
                         "queue_timeout",
-                        PROBE_S,
+                        self.probe_s,
                         f"tenant '{tenant.name}' waited {wait_s:g} s for a free slot across the "
                         f"replicas{own}; retry later",
                     )
@@ -278,9 +295,22 @@ class ClusterLimiter:
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe(), name="cluster-probe")
 
+    async def _watch(self) -> None:
+        """While the mode is ``cluster``, ping Redis every interval: a replica with no request to fail
+        still notices an outage (``lost``: the mode switches, one log line; ``_probe`` takes over)."""
+        while True:
+            await asyncio.sleep(self.probe_s)
+            if self.mode != "cluster":
+                continue
+            try:
+                async with asyncio.timeout(self.call_s):
+                    await self.leases.ping()
+            except REDIS_ERRORS as exc:
+                self.lost(exc)
+
     async def _probe(self) -> None:
         while True:
-            await asyncio.sleep(PROBE_S)
+            await asyncio.sleep(self.probe_s)
             # Every request running here counts in Redis before anyone is admitted by it again: those
             # that held leases through the outage and those admitted under the local fallback.
             running = [*self._held.values(), *(lease.ask for lease in self._local_leases.values())]
@@ -311,6 +341,8 @@ class ClusterLimiter:
         if self._held:
             self._start_renewer()
         _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
+        for resumed in self.on_resume:
+            resumed()
 
     def _start_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():
@@ -350,7 +382,7 @@ class ClusterLimiter:
         """Let pending releases finish (bounded by their own timeouts), stop the tasks, close the client."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.call_s + 0.5)
-        for task in (self._renewer, self._prober, *self._tasks):
+        for task in (self._renewer, self._prober, self._watcher, *self._tasks):
             if task is not None:
                 task.cancel()
         await self.leases.client.aclose()
