@@ -14,7 +14,8 @@ cool-downs, with Redis's TTLs) and is published to every replica, which learns i
   same body again at once, to any replica, finds it refused: the verdict travels Redis -> replica in
   well under a millisecond, the client's next request through a balancer takes longer. The price: a
   verdict blocks this replica's loop for one round trip (the figure in docs/deploy.md), at most
-  ``cluster.socket_timeout_s`` for a Redis that hangs; verdicts are rare (two deaths each);
+  ``2 x cluster.socket_timeout_s`` (connect, answer) for a Redis that hangs; verdicts are rare (two
+  deaths each);
 - **a key's strikes count across replicas**: ``strikes`` poison requests within ``window_s`` on any
   replicas cool the key down on all of them;
 - **a replica that starts (or whose listening connection broke) learns everything first**: it listens,
