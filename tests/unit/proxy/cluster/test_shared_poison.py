@@ -2,7 +2,8 @@
 for one replica. A verdict judged on one is in Redis when ``strike`` returns and refused by the others;
 a key's strikes count across replicas; the TTLs end it everywhere; a replica that starts later learns
 what is in force; Redis killed: each replica's memory decides alone, and what one judged meanwhile reaches
-the others once Redis is back. And the watch: a replica with no traffic notices an outage and the return."""
+the others once Redis is back; a hung Redis costs a strike its timeout, no more. And the watch: a replica
+with no traffic notices an outage and the return."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -61,8 +63,11 @@ async def until(pred: Callable[[], bool], what: str, timeout_s: float = 15.0) ->
 async def make(redis_server: RedisServer) -> AsyncIterator[Make]:
     made: list[Replica] = []
 
-    async def factory(settings: PoisonSettings | None = None) -> Replica:
-        limiter = ClusterLimiter(ClusterSettings(redis_server.url, replicas=3, probe_interval_s=PROBE_S))
+    async def factory(settings: PoisonSettings | None = None, socket_timeout_s: float = 1.0) -> Replica:
+        cluster = ClusterSettings(
+            redis_server.url, replicas=3, socket_timeout_s=socket_timeout_s, probe_interval_s=PROBE_S
+        )
+        limiter = ClusterLimiter(cluster)
         poison = Poison(settings or PoisonSettings())
         share = SharedPoison(limiter, poison)
         poison.share = share
@@ -181,3 +186,49 @@ async def test_a_message_not_understood_is_ignored(make: Make, redis_client: Red
     await redis_client.publish("llamagate:{poison}:verdicts", json.dumps({"o": "x", "s": 1}))
     a.poison.strike("k", BODY)
     await until(lambda: b.refused("other", BODY) == "poison_body", "b still learning")
+
+
+class _Says:
+    """A share that answers what it is told (no Redis): the shared count decides over the local one."""
+
+    def __init__(self, answer: bool | None) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, bytes]] = []
+
+    def strike(self, key_id: str, digest: bytes, settings: PoisonSettings) -> bool | None:
+        self.calls.append((key_id, digest))
+        return self.answer
+
+
+def test_the_shared_count_cools_a_key_the_local_count_would_not() -> None:
+    poison = Poison(PoisonSettings(strikes=2))
+    poison.share = says = _Says(True)  # another replica's strike made it two, in Redis
+    assert poison.strike("k", BODY) is True
+    with pytest.raises(PoisonRefusal) as refused:
+        poison.check("k", b"another body")
+    assert refused.value.code == "key_cooling_down"
+    alone = Poison(PoisonSettings(strikes=2))
+    alone.share = _Says(None)  # Redis out of reach: this replica's count decides
+    assert alone.strike("k", BODY) is False
+    assert alone.strike("k", b"another") is True
+    assert says.calls == [("k", hashlib.sha256(BODY).digest())]
+
+
+async def test_a_hung_redis_costs_a_strike_its_timeout_and_the_verdict_stays_local(
+    make: Make, redis_server: RedisServer
+) -> None:
+    a = await make(socket_timeout_s=0.2)
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)  # hung: connections open, nothing answered
+    try:
+        started = time.monotonic()
+        assert a.poison.strike("k", BODY) is False
+        blocked = time.monotonic() - started
+        assert a.limiter.mode == "local"  # the failed call switched the mode at once
+        assert a.refused("other", BODY) == "poison_body"  # and the verdict holds here
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    print(f"a strike on a hung Redis blocked the loop {blocked:.2f} s (socket_timeout_s 0.2)")
+    await until(lambda: a.limiter.mode == "cluster", "back to cluster")
+    late = await make()
+    assert late.refused("other", BODY) == "poison_body"  # sent to Redis once it answered
