@@ -69,7 +69,8 @@ MODES: tuple[Mode, ...] = ("cluster", "local", "refuse")
 _FIRST_RETRY_S = 0.02
 _MAX_RETRY_S = 0.2
 # The default of ``cluster.probe_interval_s``: how often a replica asks whether Redis answers (whether it is
-# still there, or back); also the Retry-After of a refusal.
+# still there, or back). Also the Retry-After of a full line or a wait's end; ``refuse``'s 503 says the
+# interval in force (when the replica asks Redis again).
 PROBE_S = 1.0
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -188,7 +189,7 @@ class ClusterLimiter:
                     if outcome == "full":
                         raise Rejected(
                             "queue_full",
-                            self.probe_s,
+                            PROBE_S,
                             f"tenant '{tenant.name}' is at its limit of {tenant.max_concurrency} concurrent "
                             f"requests and {tenant.max_queue} queued across the replicas; retry later",
                         )
@@ -206,7 +207,7 @@ class ClusterLimiter:
                     own = " (the request's own maximum wait)" if wait_s < tenant.queue_timeout_s else ""
                     raise Rejected(
                         "queue_timeout",
-                        self.probe_s,
+                        PROBE_S,
                         f"tenant '{tenant.name}' waited {wait_s:g} s for a free slot across the "
                         f"replicas{own}; retry later",
                     )
