@@ -4,8 +4,10 @@ The set: three whole daemons (``cluster.redis_url`` one redis-server, ``cluster.
 ``cluster.probe_interval_s``), each with the fake llama-server as its child (``--abort-on POISON``:
 SIGABRT on a marked body, as a failed ``GGML_ASSERT`` of the pinned server; ``--request-log``: its own
 record of every request that reached it, written before it aborts), and the shipped
-deploy/nginx/llamagate.conf in front balancing by load (its ``least_conn`` variant: a repeated body
-goes to another replica each time; hashed, it would stay on one, which is the easy case). Checked:
+deploy/nginx/llamagate.conf in front, run twice: as shipped (``balanced``: a conversation hashed to one
+replica, so a repeated body goes back to the replica whose child died, and on to the others when that
+one answers 503 while its child restarts, or 429) and balancing by load (its ``least_conn`` variant: a
+repeated body goes to another replica each time). Checked:
 
 - **a poison body costs at most 2 child deaths in all**: the same marked body, sent through nginx again
   and again (from one key, then from others, then to each replica directly), reaches a child exactly
@@ -64,11 +66,15 @@ class Set:
         return {"Authorization": f"Bearer {self.keys[who]}"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["balanced", "least-conn"])
 def replicas(
-    tmp_path_factory: pytest.TempPathFactory, demo_model: Path, demo_model_sha256: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_model: Path,
+    demo_model_sha256: str,
 ) -> Iterator[Set]:
-    folder = tmp_path_factory.mktemp("replicas-poison")
+    mode = request.param
+    folder = tmp_path_factory.mktemp(f"replicas-poison-{mode}")
     redis_server = RedisServer(folder / "redis")
     redis_server.start()
     logs = [folder / f"received{i}.jsonl" for i in range(REPLICAS)]
@@ -90,7 +96,7 @@ def replicas(
         daemons = [factory(overrides, wait_ready=False, binary=fakes[i]) for i in range(REPLICAS)]
         for d in daemons:
             d.wait_ready()
-        nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], folder / "nginx", mode="least-conn")
+        nginx = start_nginx([f"127.0.0.1:{d.port}" for d in daemons], folder / "nginx", mode=mode)
         s = Set(daemons, logs, nginx, redis_server)
         s.keys = {who: secret for who, (secret, _) in keys.items()}
         yield s
