@@ -33,7 +33,7 @@ every switch; their leases are renewed (re-added if Redis lost them) once it is 
 A replica that gets no traffic notices an outage too: from ``start`` (the app's startup), a watch pings
 Redis every ``cluster.probe_interval_s`` while the mode is ``cluster``; a failed ping switches the mode as
 a failed call of a request does. So every replica's ``llamagate_cluster_mode`` says the truth within one
-interval of a Redis that refuses (a hung one: plus one call's timeout, ``2 x socket_timeout_s``), whether
+interval of a Redis that refuses (a hung one: plus one call's timeout, ``socket_timeout_s``), whether
 or not it had requests, and within one interval of its return (the probe above). Whoever else keeps state
 in the same Redis (``proxy.cluster.poison``) is told when Redis is back (``on_resume``).
 """
@@ -52,6 +52,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as BrokenConnection
 from redis.exceptions import RedisError
 
 from proxy.admission.gate import AGING_S_PER_LEVEL
@@ -104,10 +105,12 @@ class ClusterLimiter:
                 settings.redis_url,
                 socket_timeout=settings.socket_timeout_s,
                 socket_connect_timeout=settings.socket_timeout_s,
-                # One retry, on a broken connection only (not on a timeout): a pooled connection that a
-                # restarted Redis closed fails once and is made again. A dead Redis refuses at once, and
-                # a hung one costs a request one timeout: the mode switch is the real retry.
-                retry=Retry(NoBackoff(), 1),
+                # One retry, on a broken connection only (not on a timeout, which redis-py's Retry retries
+                # by default: measured 2 x socket_timeout_s for one call on a hung Redis): a pooled
+                # connection that a restarted Redis closed fails once and is made again. A dead Redis
+                # refuses at once, and a hung one costs a request one timeout: the mode switch is the
+                # real retry.
+                retry=Retry(NoBackoff(), 1, supported_errors=(BrokenConnection,)),
                 retry_on_timeout=False,
                 health_check_interval=0,
             )

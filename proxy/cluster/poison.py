@@ -13,9 +13,8 @@ cool-downs, with Redis's TTLs) and is published to every replica, which learns i
   verdict and has sent it to every replica listening. A client (or a balancer's retry) that sends the
   same body again at once, to any replica, finds it refused: the verdict travels Redis -> replica in
   well under a millisecond, the client's next request through a balancer takes longer. The price: a
-  verdict blocks this replica's loop for one round trip (the figure in docs/deploy.md), at most
-  ``2 x cluster.socket_timeout_s`` (connect, answer) for a Redis that hangs; verdicts are rare (two
-  deaths each);
+  verdict blocks this replica's loop for one round trip (docs/benchmarks.md: 0.2 ms at the median), at
+  most ``cluster.socket_timeout_s`` for a Redis that hangs; verdicts are rare (two deaths each);
 - **a key's strikes count across replicas**: ``strikes`` poison requests within ``window_s`` on any
   replicas cool the key down on all of them;
 - **a replica that starts (or whose listening connection broke) learns everything first**: it listens,
@@ -42,6 +41,7 @@ from typing import Any
 import redis
 from redis.asyncio.client import PubSub
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as BrokenConnection
 from redis.retry import Retry
 
 from proxy.admission.poison import MAX_BODIES, Poison
@@ -65,7 +65,9 @@ class SharedPoison:
             settings.redis_url,
             socket_timeout=settings.socket_timeout_s,
             socket_connect_timeout=settings.socket_timeout_s,
-            retry=Retry(NoBackoff(), 1),  # a connection a restarted Redis closed is made again, once
+            # A connection a restarted Redis closed is made again, once; a timeout is not retried (redis-py's
+            # default would), so a hung Redis holds the loop one ``socket_timeout_s``, not two.
+            retry=Retry(NoBackoff(), 1, supported_errors=(BrokenConnection,)),
             retry_on_timeout=False,
         )
         self._strike = self._sync.register_script(STRIKE)
