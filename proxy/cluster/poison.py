@@ -24,8 +24,8 @@ Redis unreachable (the limiter's mode is not ``cluster``): a strike is this repl
 Redis; the listener reconnects every ``cluster.probe_interval_s``, and once it does (or once the limiter
 says Redis is back, ``ClusterLimiter.on_resume``), what this replica judged meanwhile goes to Redis and
 is published, and what the others did is read. Strikes counted during an outage stay local (only their
-verdicts are merged). A Redis that restarts empty forgets the verdicts; each replica still refuses what
-it learned until its own memory's end.
+verdicts are merged). A Redis that restarts empty gets the verdicts back the same way: each replica's
+listening connection broke, and once it is made again the replica sends what it still refuses.
 """
 
 from __future__ import annotations
