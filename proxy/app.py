@@ -186,6 +186,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         sampler = asyncio.create_task(sample_history(state), name="history-sampler")
+        state.start()
         try:
             yield
         finally:

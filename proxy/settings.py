@@ -98,6 +98,10 @@ class ClusterSettings:
     lease_ttl_s: float = 5.0
     # Longest wait for one Redis answer (connect or reply), so a dead or hung Redis never hangs a request.
     socket_timeout_s: float = 1.0
+    # How often each replica asks Redis whether it answers, traffic or not (``proxy.cluster.limiter``): the
+    # longest an idle replica takes to notice an outage (a hung Redis: plus one call's timeout), and how
+    # often a degraded one asks whether it is back.
+    probe_interval_s: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,12 @@ generation requests queued or running (``inflight``, listed and cancelled by an 
 accounts (``accounts``: keys made at run time, budgets, the usage ledger; ``proxy.accounts``), the
 budgets requests are charged to (``budgets``: the store's, or kept in memory when tenants have budgets
 and there is no store), and with ``cluster.redis_url`` the limiter that shares tenants' concurrency and
-budgets with the other replicas (``cluster``: ``proxy.cluster``), and with ``telemetry:`` the
-OpenTelemetry exporters (``telemetry``: ``proxy.telemetry``).
+budgets with the other replicas (``cluster``: ``proxy.cluster``) and shares the poison requests' memory
+with them (``shared_poison``), and with ``telemetry:`` the OpenTelemetry exporters (``telemetry``:
+``proxy.telemetry``).
+
+The app's startup calls ``start`` (the cluster's watch of Redis and the poison listener run from then on,
+with or without traffic).
 
 The daemon uses: ``drain(timeout_s)`` at shutdown (after the readiness snapshot says not ready, which
 stops admission), ``reload(settings)`` on SIGHUP (keys, tenants and limits swap in; nothing restarts;
@@ -38,6 +42,7 @@ from proxy.asgi.context import RequestContext
 from proxy.auth import NOBODY, Access, KeyTable, Principal, require
 from proxy.cluster.budgets import SharedBudgets
 from proxy.cluster.limiter import ClusterLimiter
+from proxy.cluster.poison import SharedPoison
 from proxy.cluster.steps import LeaseStep, SharedBudgetStep
 from proxy.errors import Forbidden
 from proxy.metrics.proxy import ProxyMetrics
@@ -98,6 +103,10 @@ class ProxyState:
         self.router = ModelRouter(models, settings.tenants)
         # Poison requests' strikes and cool-downs (``proxy.admission.poison``): kept across reloads.
         self.poison = Poison(settings.poison)
+        # With Redis, every replica's verdicts in every replica's memory (``proxy.cluster.poison``).
+        self.shared_poison = SharedPoison(self.cluster, self.poison) if self.cluster is not None else None
+        if self.shared_poison is not None:
+            self.poison.share = self.shared_poison
         # OpenTelemetry's exporters (``proxy.telemetry``); None: off. Not reloadable: made once.
         self.telemetry = start_telemetry(settings.telemetry)
         self._apply(settings)
@@ -137,6 +146,13 @@ class ProxyState:
         return self.budgets is not None
 
     # --- daemon-facing -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """The background work that runs whether requests come or not (in the app's loop, at startup)."""
+        if self.cluster is not None:
+            self.cluster.start()
+        if self.shared_poison is not None:
+            self.shared_poison.start()
+
     def reload(self, settings: ProxySettings) -> None:
         """Swap keys, tenants, limits and timeouts in. The listener address is not reloadable."""
         self._apply(settings)
@@ -174,6 +190,8 @@ class ProxyState:
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        if self.shared_poison is not None:
+            await self.shared_poison.aclose()
         if self.cluster is not None:
             await self.cluster.aclose()
         if self.telemetry is not None:

@@ -19,9 +19,15 @@ next child (``proxy.routes.replay``). That recovery must not turn one bad reques
 - **Cool-down** (``Poison``, one per door): a key with ``proxy.poison.strikes`` poison requests within
   ``window_s`` is refused for ``cooldown_s`` (429 ``key_cooling_down`` with ``Retry-After``), and the
   body of a poison request is refused from every key for ``cooldown_s`` (``poison_body``): one key
-  cannot crash-loop a child, nor many keys sending the same body. Both are this replica's memory (a
-  restart forgets them); the supervisor's restarts never give up on a child that was READY
+  cannot crash-loop a child, nor many keys sending the same body. Alone, both are this replica's memory
+  (a restart forgets them); the supervisor's restarts never give up on a child that was READY
   (docs/operations.md), so at worst a key costs ``2 x strikes`` deaths per cool-down.
+- **Shared** (``Poison.share``, with ``cluster.redis_url``: ``proxy.cluster.poison``): each strike is sent
+  to the replicas' Redis before its 502 leaves, and every replica learns it (``learn_*``) into this same
+  memory, so a poison body costs two deaths in all, not two on each replica, and a key's strikes count
+  across the replicas. ``check`` stays a lookup in this memory: no Redis round trip on the request path.
+  While Redis is unreachable the memory is this replica's alone again; what it judged meanwhile goes to
+  Redis once it answers.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict, deque
+from typing import Protocol
 
 from proxy.errors import Rejected, UpstreamGone
 from proxy.settings import PoisonSettings
@@ -61,6 +68,15 @@ class PoisonRefusal(Rejected):
         self.code = reason
 
 
+class PoisonShare(Protocol):
+    """Where a strike judged here goes for the other replicas (``proxy.cluster.poison.SharedPoison``)."""
+
+    def strike(self, key_id: str, digest: bytes, settings: PoisonSettings) -> bool | None:
+        """Count the strike where every replica sees it; True: the key now cools down by the shared
+        count, False: not yet, None: not shared (the other replicas are out of reach)."""
+        ...
+
+
 class Poison:
     """The door's memory of poison requests: strikes and cool-downs per key, refused bodies."""
 
@@ -69,6 +85,8 @@ class Poison:
         self._strikes: dict[str, deque[float]] = {}
         self._cooling: dict[str, float] = {}  # key id -> until (monotonic)
         self._bodies: OrderedDict[bytes, float] = OrderedDict()  # sha256 -> until
+        # The other replicas' memory (``proxy.cluster.poison``); None: this replica alone.
+        self.share: PoisonShare | None = None
 
     def configure(self, settings: PoisonSettings) -> None:
         self.settings = settings
@@ -99,21 +117,54 @@ class Poison:
                 )
 
     def strike(self, key_id: str, raw: bytes) -> bool:
-        """A request of ``key_id`` with body ``raw`` was judged poison. True when the key now cools down."""
-        now = time.monotonic()
-        s = self.settings
-        self._bodies[hashlib.sha256(raw).digest()] = now + s.cooldown_s
+        """A request of ``key_id`` with body ``raw`` was judged poison. True when the key now cools down
+        (by this replica's count, or by the replicas' shared one)."""
+        digest = hashlib.sha256(raw).digest()
+        self.learn_body(digest, self.settings.cooldown_s)
+        cooling = self.learn_strike(key_id)
+        shared = self.share.strike(key_id, digest, self.settings) if self.share is not None else None
+        if shared and not cooling:
+            self.learn_cooling(key_id, self.settings.cooldown_s)
+            cooling = True
+        return cooling
+
+    # --- what this replica judged, or learned from the others (``proxy.cluster.poison``) ---------------
+    def learn_body(self, digest: bytes, remaining_s: float) -> None:
+        """Refuse the body of sha256 ``digest`` for ``remaining_s`` more (or longer, if already so)."""
+        until = time.monotonic() + remaining_s
+        if until > self._bodies.get(digest, 0.0):
+            self._bodies[digest] = until
+            self._bodies.move_to_end(digest)
         while len(self._bodies) > MAX_BODIES:
             self._bodies.popitem(last=False)
+
+    def learn_strike(self, key_id: str) -> bool:
+        """One more strike of ``key_id``, now. True when the key now cools down (``strikes`` within
+        ``window_s``)."""
+        now = time.monotonic()
+        s = self.settings
         times = self._strikes.setdefault(key_id, deque())
         times.append(now)
         while times and now - times[0] > s.window_s:
             times.popleft()
         if len(times) >= s.strikes:
-            times.clear()
-            self._cooling[key_id] = now + s.cooldown_s
+            del self._strikes[key_id]
+            self.learn_cooling(key_id, s.cooldown_s)
             return True
         return False
+
+    def learn_cooling(self, key_id: str, remaining_s: float) -> None:
+        """Refuse ``key_id`` for ``remaining_s`` more (or longer, if already so)."""
+        until = time.monotonic() + remaining_s
+        if until > self._cooling.get(key_id, 0.0):
+            self._cooling[key_id] = until
+
+    def verdicts(self) -> tuple[list[tuple[bytes, float]], list[tuple[str, float]]]:
+        """What is refused now, with the seconds left: the bodies (by sha256) and the keys."""
+        now = time.monotonic()
+        bodies = [(d, until - now) for d, until in self._bodies.items() if until > now]
+        keys = [(k, until - now) for k, until in self._cooling.items() if until > now]
+        return bodies, keys
 
 
 class ReplayTurn:

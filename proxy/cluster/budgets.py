@@ -27,7 +27,7 @@ from proxy.accounts.budgets import Refusal
 from proxy.accounts.records import BUDGET_NAMES, BudgetName, Subject
 from proxy.cluster.budget_scripts import CHARGE, CHECK
 from proxy.cluster.leases import PREFIX
-from proxy.cluster.limiter import PROBE_S, REDIS_ERRORS, ClusterLimiter
+from proxy.cluster.limiter import REDIS_ERRORS, ClusterLimiter
 from proxy.errors import SharedLimitsUnavailable
 from proxy.settings import BudgetSettings
 
@@ -126,7 +126,7 @@ class SharedBudgets:
             raise SharedLimitsUnavailable(
                 "the shared budgets (Redis) are unreachable and cluster.on_redis_error is refuse; "
                 "retry later",
-                PROBE_S,
+                limiter.probe_s,
             )
         ticket = secrets.token_hex(8)
         args: list[Any] = [ticket, reserve or 0, self._hold_ms, len(windows)]

@@ -26,9 +26,16 @@ Redis unreachable (refused, reset, or no answer within ``socket_timeout_s``): th
 ``cluster.on_redis_error``, said once in the log and by ``llamagate_cluster_mode``. ``local``: each
 replica allows a tenant ``max(1, limit // replicas)`` by itself until Redis is back, counting every
 request it holds (those still running on leases Redis granted before, too; the local gate still applies);
-``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``PROBE_S`` and switches back to
-``cluster`` once it answers (logged once): no restart. Requests already running keep running through every
-switch; their leases are renewed (re-added if Redis lost them) once it is back.
+``refuse``: 503 with ``Retry-After``. A probe pings Redis every ``cluster.probe_interval_s`` and switches
+back to ``cluster`` once it answers (logged once): no restart. Requests already running keep running through
+every switch; their leases are renewed (re-added if Redis lost them) once it is back.
+
+A replica that gets no traffic notices an outage too: from ``start`` (the app's startup), a watch pings
+Redis every ``cluster.probe_interval_s`` while the mode is ``cluster``; a failed ping switches the mode as
+a failed call of a request does. So every replica's ``llamagate_cluster_mode`` says the truth within one
+interval of a Redis that refuses (a hung one: plus one call's timeout, ``socket_timeout_s``), whether
+or not it had requests, and within one interval of its return (the probe above). Whoever else keeps state
+in the same Redis (``proxy.cluster.poison``) is told when Redis is back (``on_resume``).
 """
 
 from __future__ import annotations
@@ -39,12 +46,13 @@ import math
 import random
 import secrets
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as BrokenConnection
 from redis.exceptions import RedisError
 
 from proxy.admission.gate import AGING_S_PER_LEVEL
@@ -61,7 +69,9 @@ MODES: tuple[Mode, ...] = ("cluster", "local", "refuse")
 # per waiter, not in a loop.
 _FIRST_RETRY_S = 0.02
 _MAX_RETRY_S = 0.2
-# How often a degraded replica asks whether Redis is back; also the Retry-After of a refusal.
+# The default of ``cluster.probe_interval_s``: how often a replica asks whether Redis answers (whether it is
+# still there, or back). Also the Retry-After of a full line or a wait's end; ``refuse``'s 503 says the
+# interval in force (when the replica asks Redis again).
 PROBE_S = 1.0
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -95,10 +105,12 @@ class ClusterLimiter:
                 settings.redis_url,
                 socket_timeout=settings.socket_timeout_s,
                 socket_connect_timeout=settings.socket_timeout_s,
-                # One retry, on a broken connection only (not on a timeout): a pooled connection that a
-                # restarted Redis closed fails once and is made again. A dead Redis refuses at once, and
-                # a hung one costs a request one timeout: the mode switch is the real retry.
-                retry=Retry(NoBackoff(), 1),
+                # One retry, on a broken connection only (not on a timeout, which redis-py's Retry retries
+                # by default: measured 2 x socket_timeout_s for one call on a hung Redis): a pooled
+                # connection that a restarted Redis closed fails once and is made again. A dead Redis
+                # refuses at once, and a hung one costs a request one timeout: the mode switch is the
+                # real retry.
+                retry=Retry(NoBackoff(), 1, supported_errors=(BrokenConnection,)),
                 retry_on_timeout=False,
                 health_check_interval=0,
             )
@@ -113,9 +125,18 @@ class ClusterLimiter:
         self._local_held = 0
         self._local_leases: dict[str, ClusterLease] = {}  # member -> lease taken under the fallback
         self._released = asyncio.Event()
+        self.probe_s = settings.probe_interval_s
         self._renewer: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Called (off the path) each time Redis answers again after an outage.
+        self.on_resume: list[Callable[[], None]] = []
+
+    def start(self) -> None:
+        """Watch Redis from now on, with or without traffic (in the app's running loop; idempotent)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="cluster-watch")
 
     # --- what metrics and tests read -------------------------------------------------------------------
     @property
@@ -179,7 +200,7 @@ class ClusterLimiter:
                     raise SharedLimitsUnavailable(
                         "the shared limits (Redis) are unreachable and cluster.on_redis_error is refuse; "
                         "retry later",
-                        PROBE_S,
+                        self.probe_s,
                     )
                 elif self._take_local(ask):
                     lease = self._local_leases[ask.member] = ClusterLease(self, ask, local=True)
@@ -278,9 +299,22 @@ class ClusterLimiter:
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe(), name="cluster-probe")
 
+    async def _watch(self) -> None:
+        """While the mode is ``cluster``, ping Redis every interval: a replica with no request to fail
+        still notices an outage (``lost``: the mode switches, one log line; ``_probe`` takes over)."""
+        while True:
+            await asyncio.sleep(self.probe_s)
+            if self.mode != "cluster":
+                continue
+            try:
+                async with asyncio.timeout(self.call_s):
+                    await self.leases.ping()
+            except REDIS_ERRORS as exc:
+                self.lost(exc)
+
     async def _probe(self) -> None:
         while True:
-            await asyncio.sleep(PROBE_S)
+            await asyncio.sleep(self.probe_s)
             # Every request running here counts in Redis before anyone is admitted by it again: those
             # that held leases through the outage and those admitted under the local fallback.
             running = [*self._held.values(), *(lease.ask for lease in self._local_leases.values())]
@@ -311,6 +345,8 @@ class ClusterLimiter:
         if self._held:
             self._start_renewer()
         _log.info("Redis answers again: shared limits resumed", extra={"fields": {"mode": "cluster"}})
+        for resumed in self.on_resume:
+            resumed()
 
     def _start_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():
@@ -350,7 +386,7 @@ class ClusterLimiter:
         """Let pending releases finish (bounded by their own timeouts), stop the tasks, close the client."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.call_s + 0.5)
-        for task in (self._renewer, self._prober, *self._tasks):
+        for task in (self._renewer, self._prober, self._watcher, *self._tasks):
             if task is not None:
                 task.cancel()
         await self.leases.client.aclose()

@@ -42,6 +42,7 @@ def cluster_settings(cluster: ClusterConfig | None) -> ClusterSettings | None:
         on_redis_error=cluster.on_redis_error,
         lease_ttl_s=cluster.lease_ttl_s,
         socket_timeout_s=cluster.socket_timeout_s,
+        probe_interval_s=cluster.probe_interval_s,
     )
 
 

@@ -375,6 +375,12 @@ class ClusterConfig:
         5.0, "a lease not renewed this long is free (a dead replica's leases free within it)", at_least(1)
     )
     socket_timeout_s: float = setting(1.0, "longest wait for one Redis connect or answer", positive)
+    probe_interval_s: float = setting(
+        1.0,
+        "how often each replica pings Redis, with or without traffic: an outage is noticed (mode switched,"
+        " logged) within it, and so is Redis's return",
+        positive,
+    )
 
 
 def name_value_pairs(v: Any) -> str | None:

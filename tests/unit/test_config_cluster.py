@@ -17,10 +17,15 @@ def test_no_cluster_by_default() -> None:
 def test_a_cluster_reaches_the_proxy() -> None:
     cfg = parse_config(
         "cluster: {redis_url: 'redis://:pw@redis:6379/1', replicas: 3, on_redis_error: refuse,"
-        " lease_ttl_s: 4}"
+        " lease_ttl_s: 4, probe_interval_s: 0.5}"
     )
     assert proxy_settings(cfg).cluster == ClusterSettings(
-        "redis://:pw@redis:6379/1", replicas=3, on_redis_error="refuse", lease_ttl_s=4.0, socket_timeout_s=1.0
+        "redis://:pw@redis:6379/1",
+        replicas=3,
+        on_redis_error="refuse",
+        lease_ttl_s=4.0,
+        socket_timeout_s=1.0,
+        probe_interval_s=0.5,
     )
 
 
@@ -33,6 +38,7 @@ def test_a_cluster_reaches_the_proxy() -> None:
         ("cluster: {redis_url: 'redis://r', on_redis_error: wait}", "cluster.on_redis_error: must be one of"),
         ("cluster: {redis_url: 'redis://r', lease_ttl_s: 0.5}", "cluster.lease_ttl_s: must be >= 1"),
         ("cluster: {redis_url: 'redis://r', socket_timeout_s: 0}", "cluster.socket_timeout_s: must be > 0"),
+        ("cluster: {redis_url: 'redis://r', probe_interval_s: 0}", "cluster.probe_interval_s: must be > 0"),
         ("cluster: {redis_url: 'redis://r', replica: 2}", "cluster.replica"),
     ],
 )

@@ -52,6 +52,7 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "cache",
         "models",
         "lease",
+        "poison",
         "store_write",
         "schema",
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -235,3 +236,26 @@ async def test_a_renewal_that_lands_after_its_release_is_undone(
         assert await client.zcard(key) == 0
     finally:
         await client.aclose()
+
+
+async def test_a_hung_redis_costs_a_request_one_timeout_then_the_fallback_answers(
+    redis_server: RedisServer,
+) -> None:
+    # redis-py retries a timed-out call by default; the limiter retries a broken connection only.
+    timeout_s = 0.5
+    limiter = ClusterLimiter(ClusterSettings(redis_server.url, replicas=1, socket_timeout_s=timeout_s))
+    try:
+        (await limiter.acquire("m", TENANT, 1)).release()  # a pooled connection, as in service
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)  # hung: the connection stays, nothing answers
+        try:
+            started = time.monotonic()
+            lease = await limiter.acquire("m", TENANT, 1)
+            took = time.monotonic() - started
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        assert lease.local and limiter.mode == "local"
+        assert took < 2 * timeout_s, took  # one timeout, not one per try
+        lease.release()
+    finally:
+        await limiter.aclose()
