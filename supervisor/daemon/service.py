@@ -147,6 +147,7 @@ class Daemon:
         self.reporter = SystemdReporter(self.notifier)
         self.models.observers.append(self.reporter.on_state_change)
         self.models.observers.append(self._on_state_change)
+        self.models.tick_hooks.append(self.folders.tick)  # held folders marked as used hourly
         feeder = WatchdogFeeder.from_env(self.notifier)
         if feeder is not None:
             self.models.tick_hooks.append(lambda now: (feeder.tick(now), feeder.due_in(now))[1])

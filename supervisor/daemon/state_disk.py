@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import shutil
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -137,6 +138,9 @@ def sweep(states: SlotStates, alias: str) -> list[Path]:
 
 # A model's name -> how many states its tier forgot (``ProxyWiring.states_lost``).
 Forget = Callable[[str], int]
+# How often a held folder is marked as used (``Hold.touch``): a daemon killed after a quiet day (no save,
+# no child start) leaves its folder last used at most an hour before, well inside the day's grace.
+TOUCH_S = 3600.0
 
 
 class Folders:
@@ -148,6 +152,9 @@ class Folders:
         self.lost: Counter[str] = Counter()  # states lost, by model
         self._holds: dict[str, Hold] = {}  # by folder
         self._seen: dict[str, int] = {}  # by folder: the states it held at its last check
+        # ``_ensure`` runs in threads: two supervisors of one model (a reload side by side) may spawn at once.
+        self._lock = threading.Lock()
+        self._touched = -TOUCH_S  # on the caller's clock (``tick``)
 
     def held(self, states: SlotStates) -> bool:
         hold = self._holds.get(states.directory)
@@ -182,17 +189,18 @@ class Folders:
         """Hold ``states``' folder; None, or how many states it held at the last check when it was found
         removed (it is made again)."""
         key = states.directory
-        hold = self._holds.get(key)
-        lost = None
-        if hold is not None and hold.intact():
-            hold.touch()
-        else:
-            if hold is not None:
-                hold.release()
-                lost = self._seen.get(key, 0)
-            self._holds[key] = Hold.take(Path(key))
-        self._seen[key] = StateRoot.held(states)[0]
-        return lost
+        with self._lock:
+            hold = self._holds.get(key)
+            lost = None
+            if hold is not None and hold.intact():
+                hold.touch()
+            else:
+                if hold is not None:
+                    hold.release()
+                    lost = self._seen.get(key, 0)
+                self._holds[key] = Hold.take(Path(key))
+            self._seen[key] = StateRoot.held(states)[0]
+            return lost
 
     def drop(self, old: SlotStates | None, kept: SlotStates | None) -> None:
         """``old``'s identity is no longer served here (a reload changed it, turned the tier off or removed
@@ -200,18 +208,30 @@ class Folders:
         are removed (``StateRoot.sweep``), ``kept`` never."""
         if old is None or (kept is not None and kept.directory == old.directory):
             return
-        hold = self._holds.pop(old.directory, None)
-        self._seen.pop(old.directory, None)
+        with self._lock:
+            hold = self._holds.pop(old.directory, None)
+            self._seen.pop(old.directory, None)
         if hold is not None:
             hold.release()
         root = StateRoot(Path(old.directory).parent)
         root.sweep(root.alias_of(Path(old.directory)), Path(kept.directory) if kept is not None else None)
 
+    def tick(self, now: float) -> float:
+        """Every ``TOUCH_S`` (a ``ModelSet`` tick hook, on its clock): every held folder marked as used;
+        the seconds until the next time."""
+        if now - self._touched >= TOUCH_S:
+            with self._lock:
+                for hold in self._holds.values():
+                    hold.touch()
+            self._touched = now
+        return self._touched + TOUCH_S - now
+
     def close(self) -> None:
         """The daemon ends: every folder let go (its grace period starts)."""
-        for hold in self._holds.values():
-            hold.release()
-        self._holds.clear()
+        with self._lock:
+            for hold in self._holds.values():
+                hold.release()
+            self._holds.clear()
 
     def collector(self) -> Collector:
         return _LostCollector(self)

@@ -21,7 +21,7 @@ from proxy.conversations.root import GRACE_S, LOCK_FILE
 from proxy.source import SlotStates
 from supervisor.config.schema import Config, LlamaConfig
 from supervisor.daemon import state_disk
-from supervisor.daemon.state_disk import DEFAULT_MIB, Folders, plan_disk, state_identity, sweep
+from supervisor.daemon.state_disk import DEFAULT_MIB, TOUCH_S, Folders, plan_disk, state_identity, sweep
 from supervisor.launch.flags import LaunchSpec, build_argv
 from supervisor.launch.knobs import LlamaKnobs
 
@@ -167,4 +167,19 @@ async def test_a_reload_drop_lets_the_folder_go_and_sweeps_only_what_is_idle(tmp
         os.utime(path, (then, then))
     folders.drop(new, None)  # the model removed: the idle old folder goes, the new one is kept a day
     assert not old_dir.exists() and new_dir.is_dir()
+    folders.close()
+
+
+async def test_a_held_folder_is_marked_as_used_every_hour(tmp_path: Path) -> None:
+    folder = tmp_path / ("m-" + "1" * 16)
+    states = SlotStates(str(folder), "id", 1 << 20)
+    folders = Folders()
+    await folders.before_spawn("chat", _spec(states))
+    then = time.time() - 2 * GRACE_S
+    os.utime(folder / LOCK_FILE, (then, then))
+    assert folders.tick(100.0) == TOUCH_S  # touched now, next in an hour
+    assert (folder / LOCK_FILE).stat().st_mtime > then + GRACE_S
+    os.utime(folder / LOCK_FILE, (then, then))
+    assert folders.tick(100.0 + 60) == TOUCH_S - 60  # not yet
+    assert (folder / LOCK_FILE).stat().st_mtime == then
     folders.close()
