@@ -4,8 +4,9 @@ whether they go there at all, and this daemon's hold on its folders.
 One private folder per served model and identity, ``STATE_DIR/ALIAS-IDENTITY16``
 (``proxy.conversations.root.StateRoot.folder``), passed to the child as ``--slot-save-path``. The identity
 is a digest of what a saved sequence state depends on: the binary and the model by sha256 (the file format
-and the KV cells' meaning), the context per slot (a restore must fit the slot), the KV cache types (the
-cells' layout) and ``extra_args`` (anything there may change the cache: ``-fa``, ``--swa-full``...).
+and the KV cells' meaning) and the knobs marked ``kv_state`` (``launch/knobs.py``): the context per slot
+(a restore must fit the slot), the KV cache types (the cells' layout) and ``extra_args`` (anything there
+may change the cache: ``-fa``, ``--swa-full``...).
 Threads, slot count, the RAM cache and the chat template change nothing a saved state means: a reload
 that changes only them keeps every conversation's state. A child of another identity gets another
 folder, so its states never meet the old ones.
@@ -45,6 +46,7 @@ from proxy.source import SlotStates
 from supervisor.budget.plan import MIB
 from supervisor.config.schema import Config
 from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import KNOBS, LlamaKnobs
 from supervisor.paths import state_root
 
 log = logging.getLogger("llamagate.prepare")
@@ -79,17 +81,14 @@ def root_for(cfg: Config) -> Path:
     return cfg.llama.state_dir or state_root() / "conversations"
 
 
-def state_identity(
-    binary_sha256: str, model_sha256: str, ctx_per_slot: int, type_k: str, type_v: str, extra: tuple[str, ...]
-) -> str:
-    record = {
-        "binary": binary_sha256,
-        "model": model_sha256,
-        "ctx_per_slot": ctx_per_slot,
-        "cache_type_k": type_k,
-        "cache_type_v": type_v,
-        "extra_args": list(extra),
-    }
+def state_identity(binary_sha256: str, model_sha256: str, llama: LlamaKnobs) -> str:
+    """The digest of what a saved sequence state depends on: the binary and the model, and every knob
+    marked ``kv_state`` (``launch/knobs.py``)."""
+    record: dict[str, object] = {"binary": binary_sha256, "model": model_sha256}
+    for k in KNOBS:
+        if k.row.kv_state:
+            value = getattr(llama, k.name)
+            record[k.name] = list(value) if isinstance(value, tuple) else value
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -100,14 +99,7 @@ def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) ->
     mib = llama.state_disk_mib
     if mib == 0:
         return DiskPlan(None, "off (llama.state_disk_mib: 0)")
-    identity = state_identity(
-        binary_sha256,
-        model_sha256,
-        llama.ctx_per_slot,
-        llama.cache_type_k,
-        llama.cache_type_v,
-        tuple(llama.extra_args),
-    )
+    identity = state_identity(binary_sha256, model_sha256, llama)
     folder = StateRoot(root_for(cfg)).folder(alias, identity)
     budget = (mib or DEFAULT_MIB) * MIB
     states = SlotStates(str(folder), identity, budget)

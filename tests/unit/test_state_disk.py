@@ -6,6 +6,8 @@ folders nobody holds or used within the grace period."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -23,7 +25,7 @@ from supervisor.config.schema import Config, LlamaConfig
 from supervisor.daemon import state_disk
 from supervisor.daemon.state_disk import DEFAULT_MIB, TOUCH_S, Folders, plan_disk, state_identity, sweep
 from supervisor.launch.flags import LaunchSpec, build_argv
-from supervisor.launch.knobs import LlamaKnobs
+from supervisor.launch.knobs import KNOBS, LlamaKnobs
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -47,16 +49,28 @@ def test_zero_is_off_and_null_is_on_only_where_the_default_budget_fits(
 
 
 def test_the_identity_follows_what_a_state_depends_on_only() -> None:
-    base = state_identity("bin", "model", 4096, "f16", "f16", ())
-    assert base == state_identity("bin", "model", 4096, "f16", "f16", ())
+    knobs = LlamaKnobs()
+    base = state_identity("bin", "model", knobs)
+    # The record of the hand list it replaced: a folder named before the knob column keeps its name.
+    before = {"binary": "bin", "model": "model", "ctx_per_slot": 4096, "cache_type_k": "f16"}
+    before |= {"cache_type_v": "f16", "extra_args": []}
+    assert base == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert {k.name for k in KNOBS if k.row.kv_state} == {
+        "ctx_per_slot",
+        "cache_type_k",
+        "cache_type_v",
+        "extra_args",
+    }
     for other in (
-        state_identity("bin2", "model", 4096, "f16", "f16", ()),
-        state_identity("bin", "model2", 4096, "f16", "f16", ()),
-        state_identity("bin", "model", 8192, "f16", "f16", ()),
-        state_identity("bin", "model", 4096, "q8_0", "f16", ()),
-        state_identity("bin", "model", 4096, "f16", "f16", ("-fa", "on")),
+        state_identity("bin2", "model", knobs),
+        state_identity("bin", "model2", knobs),
+        state_identity("bin", "model", replace(knobs, ctx_per_slot=8192)),
+        state_identity("bin", "model", replace(knobs, cache_type_k="q8_0")),
+        state_identity("bin", "model", replace(knobs, extra_args=("-fa", "on"))),
     ):
         assert other != base
+    same = replace(knobs, threads=3, slots=5, prompt_cache_mib=0, chat_template="chatml")
+    assert state_identity("bin", "model", same) == base
 
 
 def test_threads_do_not_change_the_folder_but_the_context_does(tmp_path: Path) -> None:
