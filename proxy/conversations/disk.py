@@ -77,12 +77,9 @@ class Entry:
 
 def check_private(path: Path) -> None:
     """``path`` is a folder only this user can enter (made so when it is open to others); refused when
-    it is missing, a link, not a folder, or another user's. Folders are made by
-    ``proxy.conversations.root`` (the one owner of their life), never here."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError as exc:
-        raise StateDirError(f"{path} is missing") from exc
+    it is a link, not a folder, or another user's; ``FileNotFoundError`` when it is missing. Folders are
+    made by ``proxy.conversations.root`` (the one owner of their life), never here."""
+    info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"{path} is not a folder (a link or a file)")
     if info.st_uid != os.getuid():

@@ -63,7 +63,8 @@ _TAKE_ATTEMPTS = 3
 
 def make_private(path: Path) -> None:
     """``path`` as a folder only this user can enter (made 0700 with its missing parents); refused when
-    it is a link, not a folder, or another user's (``StateDirError``)."""
+    it is a link, not a folder, or another user's (``StateDirError``); ``FileNotFoundError`` when it
+    was removed again meanwhile."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for folder in reversed(missing):  # parents first, each 0700 (``mkdir(parents=True)`` uses the umask)
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -82,8 +83,8 @@ class Hold:
         """Make ``path`` if it is missing and hold it. Raises ``OSError``/``StateDirError`` when it cannot
         be made or is not ours."""
         for _ in range(_TAKE_ATTEMPTS):
-            make_private(path)
             try:
+                make_private(path)
                 fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:  # swept between the mkdir and the open
                 continue
