@@ -75,31 +75,36 @@ class Entry:
     used: float  # wall-clock time of its save or last restore: the least recently used goes first
 
 
-def check_private(path: Path) -> None:
-    """``path`` is a folder only this user can enter (made so when it is open to others); refused when
-    it is a link, not a folder, or another user's; ``FileNotFoundError`` when it is missing. Folders are
-    made by ``proxy.conversations.root`` (the one owner of their life), never here."""
+def check_private(path: Path, *, fix: bool = True) -> None:
+    """``path`` is a folder only this user can enter (made so when it is open to others, unless not
+    ``fix``); refused when it is a link, not a folder, or another user's; ``FileNotFoundError`` when it is
+    missing. Folders are made by ``proxy.conversations.root`` (the one owner of their life), never here."""
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"{path} is not a folder (a link or a file)")
     if info.st_uid != os.getuid():
         raise StateDirError(f"{path} belongs to uid {info.st_uid}, not to this process ({os.getuid()})")
-    if info.st_mode & 0o077:
+    if info.st_mode & 0o077 and fix:
         path.chmod(0o700)
 
 
 class StateDir:
     """The states of one identity's folder and their index (kept in memory, the records on disk)."""
 
-    def __init__(self, states: SlotStates, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, states: SlotStates, clock: Callable[[], float] = time.time, *, read_only: bool = False
+    ) -> None:
+        """``read_only``: only read the index (``llamagate plan`` and status count it): the folder's mode
+        and the leftovers of unfinished saves are left as they are."""
         self.path = Path(states.directory)
         self.identity = states.identity
         self.budget = states.budget_bytes
         self._clock = clock
-        check_private(self.path)
+        check_private(self.path, fix=not read_only)
         self._entries: dict[str, Entry] = {}
         self.rescan()
-        self._sweep_temps()
+        if not read_only:
+            self._sweep_temps()
 
     # --- what metrics and status read -------------------------------------------------------------------
     @property

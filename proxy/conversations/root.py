@@ -146,7 +146,7 @@ class StateRoot:
         """The states the folder's records name and their bytes: the same count as ``StateDir.files``
         and ``StateDir.bytes``; (0, 0) when the folder is missing or unusable."""
         try:
-            index = StateDir(states)
+            index = StateDir(states, read_only=True)
         except (OSError, StateDirError):
             return 0, 0
         return index.files, index.bytes

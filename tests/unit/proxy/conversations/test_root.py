@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.conversations.disk import StateDirError
+from proxy.conversations.disk import StateDir, StateDirError
 from proxy.conversations.root import LOCK_FILE, Hold, StateRoot
 from proxy.source import SlotStates
 
@@ -227,3 +227,13 @@ def test_the_held_count_is_the_indexs(tmp_path: Path) -> None:
     folder.mkdir(mode=0o700)
     (folder / "stray.bin").write_bytes(b"x" * 50)  # not a state the index knows: not counted
     assert StateRoot.held(states) == (0, 0)
+    index = StateDir(states)
+    (folder / "saving-1.state").write_bytes(b"x" * 30)
+    index.commit("saving-1.state", "a" * 32, "t", 3)
+    unfinished = folder / "saving-2.state"
+    unfinished.write_bytes(b"x")
+    then = time.time() - 2 * 3600
+    os.utime(unfinished, (then, then))
+    folder.chmod(0o750)
+    assert StateRoot.held(states) == (1, 30) == (index.files, index.bytes)  # one count: the index's
+    assert unfinished.exists() and stat.S_IMODE(os.lstat(folder).st_mode) == 0o750  # read only
