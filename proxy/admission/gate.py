@@ -203,7 +203,7 @@ class SlotGate:
         self._idle = IdleWaiters()
         self._linger_tasks: set[asyncio.Task[None]] = set()
         # Which of the child's slots hold what (``proxy.conversations.slots``): one map per child.
-        self.slot_map = SlotMap(capacity)
+        self._slot_map = SlotMap(capacity)
         self.reconfigure(tenants)
 
     # --- what the daemon, metrics and tests read ---------------------------------------------------------
@@ -230,6 +230,19 @@ class SlotGate:
         """Slots still counted as busy after an abandoned request, until the child has noticed."""
         return self._lingering
 
+    @property
+    def generation(self) -> int:
+        """The child generation the slot map is for (``set_capacity``)."""
+        return self._slot_map.generation
+
+    def placed(self) -> tuple[list[str], list[bool]]:
+        """Each slot's conversation (``proxy.conversations.slots``) and whether a request holds it now."""
+        return list(self._slot_map.held), list(self._slot_map.busy)
+
+    def holding(self, conversation: str) -> int | None:
+        """The slot that holds ``conversation``, if any."""
+        return self._slot_map.holding(conversation)
+
     def loads(self) -> Iterator[TenantLoad]:
         for t in self._tenants.values():
             yield TenantLoad(t.name, t.in_flight, len(t.waiters))
@@ -250,7 +263,7 @@ class SlotGate:
         """Follow the child's slot count (it may change on restart) and its generation: a new child's
         slots hold nothing of the old one's. Shrinking never revokes a permit."""
         self._capacity = capacity
-        self.slot_map = SlotMap(capacity, generation)
+        self._slot_map = SlotMap(capacity, generation)
         self._dispatch()
 
     def reconfigure(self, tenants: Iterable[TenantSettings]) -> None:
@@ -286,7 +299,7 @@ class SlotGate:
         ``conversation`` when that one is free, chosen among the slots free when the gate granted (a
         ``placeable`` task only: one the child runs with ``id_slot``). The gate owns its slot map."""
         permit = await self._acquire(tenant, slots, priority=priority, max_wait_s=max_wait_s, front=front)
-        permit.pin = self.slot_map.take(conversation, permit.slots, placeable)
+        permit.pin = self._slot_map.take(conversation, permit.slots, placeable)
         return permit
 
     async def _acquire(

@@ -2,9 +2,9 @@
 
 A restore reads a file into llama-server's memory, and a crafted state file overflows its heap there
 (CVE-2026-43629). So a file is restored only when all of this holds (``StateDir.check``):
-- it is in the folder the daemon made for the child's identity (``proxy.source.SlotStates``): 0700,
-  owned by us, reached without following a link; no request ever names a path (a file's name is the
-  conversation's key, a hex digest, and the state's own digest);
+- it is in the folder made for the child's identity (``proxy.source.SlotStates``, made and held by
+  ``proxy.conversations.root``): 0700, owned by us, reached without following a link; no request ever
+  names a path (a file's name is the conversation's key, a hex digest, and the state's own digest);
 - its record (``KEY.meta``, written by this program after the child wrote the state) names this
   identity and the requesting conversation's tenant, and the file's sha256 still matches the one recorded
   when it was saved. A file changed on disk, a file written for another model or context (another
@@ -75,33 +75,36 @@ class Entry:
     used: float  # wall-clock time of its save or last restore: the least recently used goes first
 
 
-def private_folder(path: Path) -> None:
-    """``path`` as a folder only this user can enter (made 0700 with its missing parents); refused when
-    it is a link, not a folder, or another user's."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for folder in reversed(missing):  # parents first, each 0700 (``mkdir(parents=True)`` uses the umask)
-        folder.mkdir(mode=0o700, exist_ok=True)
+def check_private(path: Path, *, fix: bool = True) -> None:
+    """``path`` is a folder only this user can enter (made so when it is open to others, unless not
+    ``fix``); refused when it is a link, not a folder, or another user's; ``FileNotFoundError`` when it is
+    missing. Folders are made by ``proxy.conversations.root`` (the one owner of their life), never here."""
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"{path} is not a folder (a link or a file)")
     if info.st_uid != os.getuid():
         raise StateDirError(f"{path} belongs to uid {info.st_uid}, not to this process ({os.getuid()})")
-    if info.st_mode & 0o077:
+    if info.st_mode & 0o077 and fix:
         path.chmod(0o700)
 
 
 class StateDir:
     """The states of one identity's folder and their index (kept in memory, the records on disk)."""
 
-    def __init__(self, states: SlotStates, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, states: SlotStates, clock: Callable[[], float] = time.time, *, read_only: bool = False
+    ) -> None:
+        """``read_only``: only read the index (``llamagate plan`` and status count it): the folder's mode
+        and the leftovers of unfinished saves are left as they are."""
         self.path = Path(states.directory)
         self.identity = states.identity
         self.budget = states.budget_bytes
         self._clock = clock
-        private_folder(self.path)
+        check_private(self.path, fix=not read_only)
         self._entries: dict[str, Entry] = {}
         self.rescan()
-        self._sweep_temps()
+        if not read_only:
+            self._sweep_temps()
 
     # --- what metrics and status read -------------------------------------------------------------------
     @property
@@ -213,12 +216,6 @@ class StateDir:
                 old = self._entries.get(key)
                 found[key] = entry if old is None or old.file != entry.file else old
         self._entries = found
-
-    def clear(self) -> None:
-        """Remove every state of the folder (the identity is no longer served)."""
-        for name in self._names(_META) + self._names(_STATE):
-            self._unlink(name)
-        self._entries.clear()
 
     def _hold_budget(self) -> list[Entry]:
         if self.bytes <= self.budget:

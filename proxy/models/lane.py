@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 from proxy.admission.gate import SlotGate
 from proxy.admission.idle import IdleWaiters
 from proxy.admission.poison import Quarantine
-from proxy.conversations.tier import DiskTier
+from proxy.conversations.tier import DiskTier, SlotActions
 from proxy.errors import NotReady
 from proxy.settings import TenantSettings
 from proxy.source import AnnouncesChanges, UpstreamSnapshot, UpstreamSource
@@ -118,10 +118,29 @@ class Lane:
         # A new child is a new generation, or a new per-boot secret: an on_demand model loaded again
         # after an unload starts a fresh supervisor, whose first child is generation 1 again.
         reborn = snap.secret is not None and snap.secret != self._boot
-        if reborn or snap.slots != gate.capacity or snap.generation != gate.slot_map.generation:
+        if reborn or snap.slots != gate.capacity or snap.generation != gate.generation:
             gate.set_capacity(snap.slots, snap.generation)
             self._boot = snap.secret or self._boot
         return snap
+
+    async def save_states(self, snap: UpstreamSnapshot, child: SlotActions) -> int:
+        """Save the states of the slots of ``snap``'s child (``child`` reaches it) that are idle and newer
+        than their files: the child is about to stop on purpose. How many were saved; none when the
+        gate's slot map is of another child."""
+        if snap.base_url is None or snap.slot_states is None or self.gate.generation != snap.generation:
+            return 0
+        held, busy = self.gate.placed()
+        return await self.tier.save_slots(snap.slot_states, snap.generation, child, held, busy)
+
+    def states_lost(self) -> int:
+        """The states folder was removed under the tier (the daemon made it again): its index forgets
+        the states that went with it; how many."""
+        folder = self.tier.folder
+        if folder is None:
+            return 0
+        before = folder.files
+        folder.rescan()
+        return before - folder.files
 
     async def watch(self, until: Callable[[UpstreamSnapshot], bool], deadline: float) -> UpstreamSnapshot:
         """The child's snapshot as soon as ``until(snapshot)`` holds, else the last one read at ``deadline``

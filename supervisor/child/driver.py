@@ -25,7 +25,7 @@ import contextlib
 import logging
 import signal
 from collections import deque
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,8 @@ class ChildSupervisor:
         self._identity: Mapping[str, object] = identity or {}
         self.observers: list[StateObserver] = []
         self.tick_hooks: list[TickHook] = []
+        # The daemon's last word on each child's spec (its states folder made and held, or the tier off).
+        self.before_spawn: Callable[[LaunchSpec], Awaitable[LaunchSpec]] | None = None
         self.draining = False
         self.budget: Mapping[str, object] | None = None
         self.load_seconds: float | None = None
@@ -531,6 +533,7 @@ class ChildSupervisor:
         port = self.os.free_port()
         secret = new_secret()
         spec = replace(self.template, port=port)
+        spec = await self.before_spawn(spec) if self.before_spawn is not None else spec
         argv = build_argv(spec)
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "config").mkdir(exist_ok=True)

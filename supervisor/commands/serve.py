@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from proxy.accounts.store import StoreError
 from proxy.auth import new_key
@@ -141,8 +140,8 @@ def _serve(args: argparse.Namespace) -> int:
         for model in models:
             log.info(model.prepared.disk.line(model.served.name))
             states = model.prepared.spec.slot_states
-            if states is not None:  # an identity this model no longer has: its states cannot be restored
-                sweep(Path(states.directory).parent, model.prepared.spec.alias, states.directory)
+            if states is not None:  # identities nobody serves (held) or used lately: never restored again
+                sweep(states, model.prepared.spec.alias)
         crowded = thread_warning(models, default_threads())
         if crowded is not None:
             log.warning(crowded)

@@ -71,7 +71,7 @@ from supervisor.daemon.notify import Notifier, SystemdReporter, WatchdogFeeder
 from supervisor.daemon.observability import Observability
 from supervisor.daemon.prepare import Prepared, prepare
 from supervisor.daemon.prepare_models import PreparedModel, joint_budget_lines, joint_need, usable_bytes
-from supervisor.daemon.state_disk import drop as drop_states
+from supervisor.daemon.state_disk import Folders
 from supervisor.daemon.switch import side_by_side, stop_then_start
 from supervisor.daemon.wiring import DaemonAccounts, ProxyWiring
 from supervisor.errors import ConfigError, LlamagateError
@@ -126,6 +126,8 @@ class Daemon:
         self.probes = probes or HttpProbes()
         self.child_os = child_os or RealOs()
         self.models = ModelSet(usable_bytes(models))
+        # The states folders this daemon serves, held for its life (``state_disk.Folders``).
+        self.folders = Folders()
         for model in models:
             self.models.add(self._host(model))
         self.observability = Observability(self.cfg, self._views, self._snapshots, self.child_os.now)
@@ -133,10 +135,11 @@ class Daemon:
             proxy_settings(self.cfg, self.generated_keys),
             self.models,
             self.models.hosts.values(),
-            self.observability.collectors,
+            (*self.observability.collectors, self.folders.collector()),
             self.accounts.accounts,
         )
         self.app = self.proxy.app
+        self.folders.forget = self.proxy.states_lost
         self.models.usage = self.proxy.usage
         self.door = FrontDoor(self.proxy.door_settings)
         self.proxy.set_door(self.door)
@@ -144,6 +147,7 @@ class Daemon:
         self.reporter = SystemdReporter(self.notifier)
         self.models.observers.append(self.reporter.on_state_change)
         self.models.observers.append(self._on_state_change)
+        self.models.tick_hooks.append(self.folders.tick)  # held folders marked as used hourly
         feeder = WatchdogFeeder.from_env(self.notifier)
         if feeder is not None:
             self.models.tick_hooks.append(lambda now: (feeder.tick(now), feeder.due_in(now))[1])
@@ -177,6 +181,7 @@ class Daemon:
             n_vocab=prepared.model.shape.n_vocab,
         )
         sup.budget = prepared.budget.as_dict()
+        sup.before_spawn = functools.partial(self.folders.before_spawn, name)
         return sup
 
     def _views(self) -> dict[str, ModelView]:
@@ -281,6 +286,7 @@ class Daemon:
         await self.probes.aclose()
         await self.observability.aclose()
         self.notifier.close()
+        self.folders.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def _announce_listening(self, server: uvicorn.Server) -> None:
@@ -513,7 +519,7 @@ class Daemon:
         if rejected is None and rerouted:
             self._route(host)
         if rejected is None:
-            drop_states(states, host.prepared.spec.slot_states)  # an identity no longer served
+            self.folders.drop(states, host.prepared.spec.slot_states)  # an identity no longer served
         return rejected
 
     def _route(self, host: ModelHost) -> None:
@@ -531,7 +537,7 @@ class Daemon:
         host = self.models.hosts.get(name)
         await self.models.remove(name, reason)
         if host is not None:
-            drop_states(host.prepared.spec.slot_states, None)  # the model's conversations go with it
+            self.folders.drop(host.prepared.spec.slot_states, None)  # the model's conversations go with it
 
     def _apply_supervision(self, s: SupervisionConfig) -> None:
         """Every model's supervisor decides and probes by ``s`` from now on, and new ones start on it."""

@@ -1,15 +1,23 @@
 """Where a model's conversations' states go on disk (the proxy's disk tier, ``proxy.conversations.tier``),
-and whether they go there at all.
+whether they go there at all, and this daemon's hold on its folders.
 
-One private folder per served model and identity: ``STATE_DIR/ALIAS-IDENTITY16`` (0700, its parents
-too when we make them), passed to the child as ``--slot-save-path``. The identity is a digest of what a
-saved sequence state depends on: the binary and the model by sha256 (the file format and the KV cells'
-meaning), the context per slot (a restore must fit the slot), the KV cache types (the cells' layout) and
-``extra_args`` (anything there may change the cache: ``-fa``, ``--swa-full``...). Threads, slot count,
-the RAM cache and the chat template change nothing a saved state means: a reload that changes only
-them keeps every conversation's state. A child of another identity gets another folder, so its
-states never meet the old ones; the folder of an identity no longer served is removed at start
-(``sweep``).
+One private folder per served model and identity, ``STATE_DIR/ALIAS-IDENTITY16``
+(``proxy.conversations.root.StateRoot.folder``), passed to the child as ``--slot-save-path``. The identity
+is a digest of what a saved sequence state depends on: the binary and the model by sha256 (the file format
+and the KV cells' meaning) and the knobs marked ``kv_state`` (``launch/knobs.py``): the context per slot
+(a restore must fit the slot), the KV cache types (the cells' layout) and ``extra_args`` (anything there
+may change the cache: ``-fa``, ``--swa-full``...).
+Threads, slot count, the RAM cache and the chat template change nothing a saved state means: a reload
+that changes only them keeps every conversation's state. A child of another identity gets another
+folder, so its states never meet the old ones.
+
+The folder's life (made, held, released, swept, lost, made again) is ``proxy.conversations.root``'s; this
+module only decides and asks: ``Folders`` holds each folder this daemon serves for the daemon's life and
+ensures it before every spawn of a child (``before_spawn``): a folder removed under the daemon is made
+again (its states lost are counted and logged, and the tier forgets them); one that cannot be made starts
+the child with the tier off, so a missing folder never fails a start. At start the daemon sweeps the
+alias's folders of other identities that nobody holds and nobody used within a day (``sweep``); a
+reload's ``drop`` releases the old identity's folder and sweeps the same way.
 
 The budget, ``llama.state_disk_mib``: 0 = off; a number = that many MiB; null = 4096 MiB when the
 file system has room for it (its free space plus what the folder already holds), else off: the tier
@@ -18,18 +26,27 @@ is on by default only where the budget fits, and ``llamagate plan`` says which.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
-import os
 import shutil
-from dataclasses import dataclass
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from proxy.conversations.disk import private_folder
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.conversations.disk import StateDirError
+from proxy.conversations.root import Hold, StateRoot, make_private
 from proxy.source import SlotStates
 from supervisor.budget.plan import MIB
 from supervisor.config.schema import Config
+from supervisor.launch.flags import LaunchSpec
+from supervisor.launch.knobs import KNOBS, LlamaKnobs
 from supervisor.paths import state_root
 
 log = logging.getLogger("llamagate.prepare")
@@ -53,8 +70,8 @@ class DiskPlan:
         states = self.states
         if states is None:
             return {"budget_bytes": 0, "why": self.why}
-        folder = Path(states.directory)
-        return {"budget_bytes": states.budget_bytes, "used_bytes": _held_bytes(folder), "folder": str(folder)}
+        _, used = StateRoot.held(states)
+        return {"budget_bytes": states.budget_bytes, "used_bytes": used, "folder": states.directory}
 
 
 OFF = DiskPlan(None, "off")
@@ -64,17 +81,14 @@ def root_for(cfg: Config) -> Path:
     return cfg.llama.state_dir or state_root() / "conversations"
 
 
-def state_identity(
-    binary_sha256: str, model_sha256: str, ctx_per_slot: int, type_k: str, type_v: str, extra: tuple[str, ...]
-) -> str:
-    record = {
-        "binary": binary_sha256,
-        "model": model_sha256,
-        "ctx_per_slot": ctx_per_slot,
-        "cache_type_k": type_k,
-        "cache_type_v": type_v,
-        "extra_args": list(extra),
-    }
+def state_identity(binary_sha256: str, model_sha256: str, llama: LlamaKnobs) -> str:
+    """The digest of what a saved sequence state depends on: the binary and the model, and every knob
+    marked ``kv_state`` (``launch/knobs.py``)."""
+    record: dict[str, object] = {"binary": binary_sha256, "model": model_sha256}
+    for k in KNOBS:
+        if k.row.kv_state:
+            value = getattr(llama, k.name)
+            record[k.name] = list(value) if isinstance(value, tuple) else value
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -85,17 +99,11 @@ def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) ->
     mib = llama.state_disk_mib
     if mib == 0:
         return DiskPlan(None, "off (llama.state_disk_mib: 0)")
-    identity = state_identity(
-        binary_sha256,
-        model_sha256,
-        llama.ctx_per_slot,
-        llama.cache_type_k,
-        llama.cache_type_v,
-        tuple(llama.extra_args),
-    )
-    folder = root_for(cfg) / f"{alias}-{identity[:16]}"
+    identity = state_identity(binary_sha256, model_sha256, llama)
+    folder = StateRoot(root_for(cfg)).folder(alias, identity)
     budget = (mib or DEFAULT_MIB) * MIB
-    room = _free_bytes(folder) + _held_bytes(folder)
+    states = SlotStates(str(folder), identity, budget)
+    room = _free_bytes(folder) + StateRoot.held(states)[1]
     if mib is None and room < budget:
         return DiskPlan(
             None,
@@ -105,44 +113,135 @@ def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) ->
     why = f"{budget // MIB:,} MiB in {folder}"
     if room < budget:
         why += f" (only {room // MIB:,} MiB of room there now)"
-    return DiskPlan(SlotStates(str(folder), identity, budget), why)
+    return DiskPlan(states, why)
 
 
 def make_folder(states: SlotStates) -> None:
-    """The model's folder, private (``proxy.conversations.disk.private_folder``)."""
-    private_folder(Path(states.directory))
+    """The model's folder, private, not held yet (a reload's dry run needs it before any child runs)."""
+    make_private(Path(states.directory))
 
 
-def sweep(root: Path, alias: str, keep: str) -> None:
-    """Remove the folders of ``alias`` under ``root`` other than ``keep`` (an identity no longer served:
-    its states can never be restored). Only folders named for the model are touched."""
-    try:
-        paths = list(root.iterdir())
-    except FileNotFoundError:
-        return
-    for path in paths:
-        name = path.name
-        ours = name.startswith(alias + "-") and len(name) == len(alias) + 17 and name != Path(keep).name
-        if ours and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-            log.info(
-                "conversation states of an identity no longer served removed",
-                extra={"fields": {"folder": str(path)}},
+def sweep(states: SlotStates, alias: str) -> list[Path]:
+    """At start: remove ``alias``'s folders of other identities than ``states``' that nobody holds and
+    nobody used within the grace period (``proxy.conversations.root.StateRoot.sweep``)."""
+    folder = Path(states.directory)
+    return StateRoot(folder.parent).sweep(alias, folder)
+
+
+# A model's name -> how many states its tier forgot (``ProxyWiring.states_lost``).
+Forget = Callable[[str], int]
+# How often a held folder is marked as used (``Hold.touch``): a daemon killed after a quiet day (no save,
+# no child start) leaves its folder last used at most an hour before, well inside the day's grace.
+TOUCH_S = 3600.0
+
+
+class Folders:
+    """The folders this daemon serves, each held from its first child's spawn until a reload or removal
+    lets it go (``drop``) or the daemon ends; and the states it lost to a folder removed under it."""
+
+    def __init__(self, forget: Forget | None = None) -> None:
+        self.forget = forget
+        self.lost: Counter[str] = Counter()  # states lost, by model
+        self._holds: dict[str, Hold] = {}  # by folder
+        self._seen: dict[str, int] = {}  # by folder: the states it held at its last check
+        # ``_ensure`` runs in threads: two supervisors of one model (a reload side by side) may spawn at once.
+        self._lock = threading.Lock()
+        self._touched = -TOUCH_S  # on the caller's clock (``tick``)
+
+    def held(self, states: SlotStates) -> bool:
+        hold = self._holds.get(states.directory)
+        return hold is not None and hold.held
+
+    async def before_spawn(self, model: str, spec: LaunchSpec) -> LaunchSpec:
+        """``spec`` with its folder made and held; without it (the tier off for this child, with a
+        warning) when it cannot be made. Never raises: a missing folder never fails a start."""
+        self.lost.setdefault(model, 0)  # exported from the start, so that ``increase()`` sees the first
+        states = spec.slot_states
+        if states is None:
+            return spec
+        try:
+            lost = await asyncio.to_thread(self._ensure, states)
+        except (OSError, StateDirError) as exc:
+            log.warning(
+                "the conversation states folder cannot be made: this child starts with the disk tier off",
+                extra={"fields": {"model": model, "folder": states.directory, "error": str(exc)}},
             )
+            return replace(spec, slot_states=None)
+        if lost is not None:
+            forgot = self.forget(model) if self.forget is not None else 0
+            count = max(lost, forgot)
+            self.lost[model] += count
+            log.warning(
+                "the conversation states folder was removed under the daemon: made again, its states lost",
+                extra={"fields": {"model": model, "folder": states.directory, "states_lost": count}},
+            )
+        return spec
+
+    def _ensure(self, states: SlotStates) -> int | None:
+        """Hold ``states``' folder; None, or how many states it held at the last check when it was found
+        removed (it is made again)."""
+        key = states.directory
+        with self._lock:
+            hold = self._holds.get(key)
+            lost = None
+            if hold is not None and hold.intact():
+                hold.touch()
+            else:
+                if hold is not None:
+                    hold.release()
+                    lost = self._seen.get(key, 0)
+                self._holds[key] = Hold.take(Path(key))
+            self._seen[key] = StateRoot.held(states)[0]
+            return lost
+
+    def drop(self, old: SlotStates | None, kept: SlotStates | None) -> None:
+        """``old``'s identity is no longer served here (a reload changed it, turned the tier off or removed
+        the model): let its folder go; the alias's folders nobody holds or used within the grace period
+        are removed (``StateRoot.sweep``), ``kept`` never."""
+        if old is None or (kept is not None and kept.directory == old.directory):
+            return
+        with self._lock:
+            hold = self._holds.pop(old.directory, None)
+            self._seen.pop(old.directory, None)
+        if hold is not None:
+            hold.release()
+        root = StateRoot(Path(old.directory).parent)
+        root.sweep(root.alias_of(Path(old.directory)), Path(kept.directory) if kept is not None else None)
+
+    def tick(self, now: float) -> float:
+        """Every ``TOUCH_S`` (a ``ModelSet`` tick hook, on its clock): every held folder marked as used;
+        the seconds until the next time."""
+        if now - self._touched >= TOUCH_S:
+            with self._lock:
+                for hold in self._holds.values():
+                    hold.touch()
+            self._touched = now
+        return self._touched + TOUCH_S - now
+
+    def close(self) -> None:
+        """The daemon ends: every folder let go (its grace period starts)."""
+        with self._lock:
+            for hold in self._holds.values():
+                hold.release()
+            self._holds.clear()
+
+    def collector(self) -> Collector:
+        return _LostCollector(self)
 
 
-def drop(old: SlotStates | None, kept: SlotStates | None) -> None:
-    """Remove ``old``'s folder unless the model still uses it (``kept``): its identity is no longer
-    served (a reload changed it, turned the tier off or removed the model)."""
-    if old is None or (kept is not None and kept.directory == old.directory):
-        return
-    path = Path(old.directory)
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-        log.info(
-            "conversation states of an identity no longer served removed",
-            extra={"fields": {"folder": str(path)}},
+class _LostCollector(Collector):
+    def __init__(self, folders: Folders) -> None:
+        self._folders = folders
+
+    def collect(self) -> Iterator[Metric]:
+        lost = CounterMetricFamily(
+            "llamagate_conversation_states_lost",
+            "Conversation states lost to a states folder removed under the daemon (it was made again)",
+            labels=["model"],
         )
+        for model, n in sorted(self._folders.lost.items()):
+            lost.add_metric([model], n)
+        yield lost
 
 
 def _free_bytes(folder: Path) -> int:
@@ -150,10 +249,3 @@ def _free_bytes(folder: Path) -> int:
         if path.exists():
             return shutil.disk_usage(path).free
     return 0
-
-
-def _held_bytes(folder: Path) -> int:
-    try:
-        return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
-    except FileNotFoundError:
-        return 0

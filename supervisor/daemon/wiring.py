@@ -151,11 +151,13 @@ class ProxyWiring:
         lane: Lane | None = self._router.lanes.get(name)
         if lane is None:
             return 0
-        slots = lane.gate.slot_map
-        if snap.base_url is None or snap.slot_states is None or slots.generation != snap.generation:
-            return 0
-        child = ChildSlots(self.runtime.upstream, snap, "llamagate-stop")
-        return await lane.tier.save_slots(snap.slot_states, snap.generation, child, slots.held, slots.busy)
+        return await lane.save_states(snap, ChildSlots(self.runtime.upstream, snap, "llamagate-stop"))
+
+    def states_lost(self, name: str) -> int:
+        """The model's states folder was removed under it and made again: its tier forgets what it held
+        (``Lane.states_lost``); how many states it knew of."""
+        lane: Lane | None = self._router.lanes.get(name)
+        return lane.states_lost() if lane is not None else 0
 
     def usage(self, name: str) -> tuple[bool, float]:
         """(busy, last used on the monotonic clock) of the model's lane."""

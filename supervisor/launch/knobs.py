@@ -54,6 +54,9 @@ class Row:
     per_model: bool = True  # a models[] entry may set it for its child
     identity: bool = True  # part of what the identity says was served
     env: str | None = None  # the child's environment variable it sets (instead of a flag)
+    # A saved KV state depends on it (the cells' layout or meaning): part of the states folder's identity
+    # (``daemon/state_disk.state_identity``), so a state is never restored into a child it does not fit.
+    kv_state: bool = False
 
 
 def knob(
@@ -67,12 +70,13 @@ def knob(
     per_model: bool = True,
     identity: bool = True,
     env: str | None = None,
+    kv_state: bool = False,
 ) -> Any:
     """A knob's field: its default, reference text and check (read like every config ``setting``) and
     its ``Row``. Defaults are immutable (tuples): a frozen config holds no shared list."""
     if isinstance(default, list | dict):
         raise TypeError("use a tuple default")
-    row = Row(flag, value, also, per_model, identity, env)
+    row = Row(flag, value, also, per_model, identity, env, kv_state)
     return field(default=default, metadata={"doc": doc, "check": check, "knob": row})
 
 
@@ -103,6 +107,7 @@ class LlamaKnobs:
         # -c is the TOTAL context; with -np explicit each slot gets c / np (LLAMA_SERVER.md).
         flag=("-c", "--ctx-size"),
         value=lambda k: str(k.ctx_per_slot * k.slots),
+        kv_state=True,  # a restore must fit the slot
     )
     gpu_layers: int = knob(
         0,
@@ -116,8 +121,12 @@ class LlamaKnobs:
     reranking: bool = knob(
         False, "serve /v1/rerank (--rerank; needs a reranker model)", flag=("--rerank", "--reranking")
     )
-    cache_type_k: CacheType = knob("f16", "KV cache type for K (-ctk)", flag=("-ctk", "--cache-type-k"))
-    cache_type_v: CacheType = knob("f16", "KV cache type for V (-ctv)", flag=("-ctv", "--cache-type-v"))
+    cache_type_k: CacheType = knob(
+        "f16", "KV cache type for K (-ctk)", flag=("-ctk", "--cache-type-k"), kv_state=True
+    )
+    cache_type_v: CacheType = knob(
+        "f16", "KV cache type for V (-ctv)", flag=("-ctv", "--cache-type-v"), kv_state=True
+    )
     # RAM beyond the KV cache that llama-server's defaults leave nearly unbounded (an 8 GiB prompt
     # cache, 32 checkpoints per slot): set so the memory budget can count it.
     prompt_cache_mib: int = knob(
@@ -145,7 +154,9 @@ class LlamaKnobs:
     )
     # Appended after every flag (flags.build_argv); no option of its own.
     extra_args: tuple[str, ...] = knob(
-        (), "appended to the child's argv; flags the supervisor sets itself are refused"
+        (),
+        "appended to the child's argv; flags the supervisor sets itself are refused",
+        kv_state=True,  # anything there may change the cache: -fa, --swa-full...
     )
     # A built-in name needs --no-jinja: with Jinja on (the default) llama-server renders the name
     # itself as the template (launch/chat_template.py).

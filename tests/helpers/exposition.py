@@ -25,6 +25,7 @@ from proxy.source import UpstreamSnapshot
 from supervisor.child.machine import GatePassed, Machine, Start
 from supervisor.child.restart import Policy
 from supervisor.daemon.metrics_collector import SupervisorCollector
+from supervisor.daemon.state_disk import Folders
 
 CAPTURED = (Path(__file__).parent.parent / "unit" / "fixtures" / "llama_server_metrics.txt").read_text()
 SNAPSHOT = UpstreamSnapshot(
@@ -88,6 +89,8 @@ async def full_exposition() -> str:
 async def _exposition(accounts: Accounts) -> str:
     """With an accounts store (its ledger's series exist only then), not started: nothing is written."""
     driver = FakeDriver()
+    folders = Folders()  # the daemon's states folders: one model, nothing lost
+    folders.lost["gemma-3-270m"] = 0
     admin_key, admin = new_key("ops", frozenset({"admin", "inference"}))
     llama = ModelsLlamaMetrics.single(
         driver.snapshot, "gate:8080", transport=httpx.MockTransport(_llama_server)
@@ -99,6 +102,7 @@ async def _exposition(accounts: Accounts) -> str:
         extra_collectors=[
             SupervisorCollector.single(driver, lambda: "gemma-3-270m", clock=lambda: 2.0),
             llama,
+            folders.collector(),
         ],
         accounts=accounts,
     )

@@ -41,7 +41,7 @@ async def test_the_gateway_places_each_turn_and_names_its_conversation(proxy_fac
         # The same opening from another tenant is another conversation.
         r = await other.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 200 and r.headers["x-llamagate-conversation"] != key
-        assert p.lane.gate.slot_map.busy == [False, False]
+        assert p.lane.gate.placed()[1] == [False, False]
 
 
 async def test_a_tenant_cannot_choose_a_slot_and_an_admin_keeps_its_own(proxy_factory: ProxyFactory) -> None:
@@ -51,7 +51,7 @@ async def test_a_tenant_cannot_choose_a_slot_and_an_admin_keeps_its_own(proxy_fa
         r = await admin.post("/v1/chat/completions", json={**CHAT, "id_slot": 0})
         assert r.status_code == 200 and json.loads(p.fake.last_body)["id_slot"] == 0
         # The child placed it: the map no longer claims to know what the free slots hold.
-        assert p.lane.gate.slot_map.held == ["<unknown>", "<unknown>"]
+        assert p.lane.gate.placed()[0] == ["<unknown>", "<unknown>"]
 
 
 async def test_a_raw_prompt_is_placed_without_a_key(proxy_factory: ProxyFactory) -> None:

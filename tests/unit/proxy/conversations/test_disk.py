@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.conversations.disk import StateDir, StateDirError, private_folder
+from proxy.conversations.disk import StateDir, StateDirError
+from proxy.conversations.root import make_private
 from proxy.source import SlotStates
 
 KEY_A = "a" * 32
@@ -19,6 +20,7 @@ KEY_B = "b" * 32
 
 
 def _dir(path: Path, budget: int = 10_000, identity: str = "id-1") -> StateDir:
+    make_private(path)  # the root makes folders (``proxy.conversations.root``), the index never does
     return StateDir(SlotStates(str(path), identity, budget))
 
 
@@ -28,18 +30,22 @@ def _save(d: StateDir, key: str, tenant: str, size: int = 100, fill: bytes = b"x
     d.commit(temp, key, tenant, tokens)
 
 
-def test_the_folder_is_made_private_and_a_link_or_a_loose_folder_is_refused(tmp_path: Path) -> None:
+def test_the_folder_is_made_private_and_a_link_a_loose_or_a_missing_folder_is_refused(tmp_path: Path) -> None:
     d = _dir(tmp_path / "states" / "m-1")
     assert stat.S_IMODE(os.lstat(d.path).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(tmp_path / "states").st_mode) == 0o700
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o755)
     loose.chmod(0o755)
-    private_folder(loose)
+    StateDir(SlotStates(str(loose), "id-1", 100))
     assert stat.S_IMODE(os.lstat(loose).st_mode) == 0o700
     link = tmp_path / "link"
     link.symlink_to(loose)
     with pytest.raises(StateDirError):
-        private_folder(link)
+        make_private(link)
+    with pytest.raises(FileNotFoundError):
+        StateDir(SlotStates(str(tmp_path / "missing"), "id-1", 100))
+    assert not (tmp_path / "missing").exists()  # the index never makes its folder
 
 
 def test_a_saved_state_is_restorable_by_its_tenant_only(tmp_path: Path) -> None:

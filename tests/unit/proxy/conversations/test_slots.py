@@ -80,21 +80,20 @@ async def test_the_gate_frees_the_slot_when_it_counts_it_free() -> None:
 
     permit.release(0.01, confirm)  # abandoned: the child may still be on it
     await asyncio.sleep(0.05)
-    assert adm.slot_map.busy == [False, True] and adm.lingering == 1
+    assert adm.placed()[1] == [False, True] and adm.lingering == 1
     settled.set()
     await settle()
-    assert adm.slot_map.busy == [False, False] and adm.lingering == 0
+    assert adm.placed()[1] == [False, False] and adm.lingering == 0
 
 
 async def test_a_new_child_gets_a_new_map() -> None:
     adm = SlotGate([tenant("a")], capacity=2)
-    old = adm.slot_map
-    permit = await adm.acquire("a")
-    permit.pin = old.take("A")
+    permit = await adm.acquire("a", conversation="A" * 32, placeable=True)
+    assert adm.holding("A" * 32) is not None and adm.generation == 0
     adm.set_capacity(2, generation=1)  # the child restarted
-    assert adm.slot_map is not old and adm.slot_map.held == [EMPTY, EMPTY]
+    assert adm.generation == 1 and adm.placed() == ([EMPTY, EMPTY], [False, False])
     permit.release()  # frees the old child's slot, not the new one's
-    assert adm.slot_map.busy == [False, False]
+    assert adm.placed()[1] == [False, False]
 
 
 def test_a_conversation_running_twice_keeps_its_newest_slot_through_an_anonymous_request() -> None:

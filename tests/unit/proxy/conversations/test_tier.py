@@ -42,6 +42,7 @@ class FakeChild:
 
 @pytest.fixture
 def states(tmp_path: Path) -> SlotStates:
+    (tmp_path / "m-1").mkdir(mode=0o700)  # made by the daemon (``proxy.conversations.root``)
     return SlotStates(str(tmp_path / "m-1"), "id-1", 1 << 20)
 
 

@@ -10,18 +10,18 @@ from proxy.settings import TenantSettings
 from tests.fakes.fake_upstream import StaticSource, snapshot_for
 
 
-def test_a_new_child_at_the_same_generation_gets_a_new_slot_map() -> None:
+async def test_a_new_child_at_the_same_generation_gets_a_new_slot_map() -> None:
     source = StaticSource(snapshot_for("http://127.0.0.1:1", "first-boot", slots=2))
     lane = Lane(ModelEntry("m", (), source), [TenantSettings("t")])
     lane.snapshot()
-    pin = lane.gate.slot_map.take("a" * 32)
-    pin.free()
-    assert lane.gate.slot_map.holding("a" * 32) is not None
+    permit = await lane.gate.acquire("t", conversation="a" * 32, placeable=True)
+    permit.release()
+    assert lane.gate.holding("a" * 32) is not None
     lane.snapshot()  # the same child: the map stays
-    assert lane.gate.slot_map.holding("a" * 32) is not None
+    assert lane.gate.holding("a" * 32) is not None
     source.update(base_url=None, secret=None, ready=False, state="UNLOADED")  # unloaded: nothing asked
     lane.snapshot()
     source.update(base_url="http://127.0.0.1:2", secret="second-boot", ready=True, state="READY")
     lane.snapshot()  # generation 1 again, another child
-    assert lane.gate.slot_map.holding("a" * 32) is None
-    assert lane.gate.slot_map.held == ["<empty>", "<empty>"]
+    assert lane.gate.holding("a" * 32) is None
+    assert lane.gate.placed()[0] == ["<empty>", "<empty>"]
