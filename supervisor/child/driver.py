@@ -42,6 +42,8 @@ from supervisor.child.machine import (
     GatePassed,
     HealthFailed,
     HealthOk,
+    LoopAnswered,
+    LoopAsked,
     Machine,
     Output,
     Restart,
@@ -235,6 +237,7 @@ class ChildSupervisor:
             "supervision": {
                 "health_interval_s": self.health_interval_s,
                 "health_timeout_s": self.health_timeout_s,
+                "loop_deadline_s": m.policy.loop_deadline_s,
                 "max_restarts": m.policy.max_restarts,
                 "restart_window_s": m.policy.restart_window_s,
             },
@@ -339,6 +342,10 @@ class ChildSupervisor:
         if m.state is State.UNHEALTHY:
             return max(1.0, self.health_interval_s)
         return 30.0 if m.state in (State.STOPPING, State.STOPPED) else 5.0
+
+    def hung(self, reason: str | None) -> bool:
+        """Whether a transition's reason is the watchdog's verdict (the machine's ``_hung``)."""
+        return self.machine.last_failure_cause == "hang" and (reason or "").startswith("failed: hung:")
 
     # --- what others ask -----------------------------------------------------------------------------
     def post(self, event: Event) -> None:
@@ -478,6 +485,9 @@ class ChildSupervisor:
         elif new is not State.READY and new is not State.UNHEALTHY:
             self.ready_since = None
         level = logging.WARNING if new in (State.FAILED, State.BACKOFF, State.UNHEALTHY) else logging.INFO
+        if new is State.STOPPING and self.hung(reason):
+            # The hang's own line, at the moment it is decided (the BACKOFF line follows once it is dead).
+            level, fields["cause"] = logging.WARNING, "hang"
         if new in (State.BACKOFF, State.FAILED) and self.tail:
             fields["child_log_tail"] = "\n".join(self.tail)
         self.log.log(
@@ -645,11 +655,26 @@ class ChildSupervisor:
                 self.log.exception("health probe error")
                 self.post(HealthFailed(child.generation, f"{type(exc).__name__}: {exc}"))
                 continue
-            self.post(
-                HealthOk(child.generation)
-                if status == 200
-                else HealthFailed(child.generation, f"HTTP {status}")
-            )
+            if status != 200:
+                self.post(HealthFailed(child.generation, f"HTTP {status}"))
+                continue
+            self.post(HealthOk(child.generation))
+            await self._probe_loop(child)
+
+    async def _probe_loop(self, child: _Child) -> None:
+        """The watchdog's half: /health above proves the process and its HTTP threads; a task through
+        the queue proves the server loop turns. The machine holds the deadline (``LoopAsked`` starts it)
+        and calls a loop still owing past it hung; this probe only stops asking at the same deadline."""
+        deadline_s = self.machine.policy.loop_deadline_s
+        self.post(LoopAsked(child.generation))
+        try:
+            answered = await self.probes.loop(child.base_url, child.secret, deadline_s)
+        except Exception:
+            # Unplanned: counted as no answer; the machine's deadline decides, as for a held loop.
+            self.log.exception("loop probe error")
+            return
+        if answered:
+            self.post(LoopAnswered(child.generation))
 
     def _confirm_port_closed(self) -> None:
         if self._last_port is None:
