@@ -190,6 +190,8 @@ class ChildSupervisor:
         self._trial: _Trial | None = None
         # The last reload's outcome for status and /readyz (set by the daemon): e.g. why it was rejected.
         self.last_reload: str | None = None
+        # Told of each hang the watchdog decides (reason, generation): the daemon's OpenTelemetry span.
+        self.on_hang: Callable[[str, int], None] | None = None
 
     # --- what others read ----------------------------------------------------------------------------
     @property
@@ -488,6 +490,11 @@ class ChildSupervisor:
         if new is State.STOPPING and self.hung(reason):
             # The hang's own line, at the moment it is decided (the BACKOFF line follows once it is dead).
             level, fields["cause"] = logging.WARNING, "hang"
+            if self.on_hang is not None:
+                try:
+                    self.on_hang(reason or "", self.machine.generation)
+                except Exception:
+                    self.log.exception("hang hook failed")
         if new in (State.BACKOFF, State.FAILED) and self.tail:
             fields["child_log_tail"] = "\n".join(self.tail)
         self.log.log(
