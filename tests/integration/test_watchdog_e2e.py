@@ -76,7 +76,7 @@ def _hang_verdicts(d: Daemon) -> list[dict[str, Any]]:
 
 
 def _owed_s(verdict: dict[str, Any]) -> float:
-    found = re.search(r"did not answer GET /slots for ([\d.]+) s", str(verdict.get("message", verdict)))
+    found = re.search(r"did not answer GET /slots for ([\d.]+) s", str(verdict.get("msg")))
     assert found, verdict
     return float(found.group(1))
 
@@ -184,7 +184,7 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
     assert (answer.status_code, error.get("code")) == (502, "poison_request"), answer.text[:500]
 
     verdicts = _hang_verdicts(d)
-    assert len(verdicts) == 2, [v.get("message") for v in verdicts]
+    assert len(verdicts) == 2, [v.get("msg") for v in verdicts]
     for verdict in verdicts:
         # Decided at the deadline (by the machine's own timer), not at some later probe.
         assert DEADLINE_S <= _owed_s(verdict) < DEADLINE_S + PROBE_INTERVAL_S, verdict
@@ -194,7 +194,7 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
     records = d.log_records()
     backoffs = [r for r in records if r.get("to") == "BACKOFF"]
     assert len(backoffs) == 2 and all(
-        "after a hang of a ready child" in str(r.get("message")) for r in backoffs
+        "after a hang of a ready child" in str(r.get("msg")) for r in backoffs
     )
     code, ready = d.readyz()
     assert code == 200 and ready["state"] == "READY"
