@@ -193,9 +193,7 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
     # Replaced each time: killed (SIGKILL, by us), then BACKOFF with the hang's reason, then a new child.
     records = d.log_records()
     backoffs = [r for r in records if r.get("to") == "BACKOFF"]
-    assert len(backoffs) == 2 and all(
-        "after a hang of a ready child" in str(r.get("msg")) for r in backoffs
-    )
+    assert len(backoffs) == 2 and all("after a hang of a ready child" in str(r.get("msg")) for r in backoffs)
     code, ready = d.readyz()
     assert code == 200 and ready["state"] == "READY"
     assert int(ready["generation"]) == generation0 + 2
