@@ -345,7 +345,7 @@ class ChildSupervisor:
             return max(1.0, self.health_interval_s)
         return 30.0 if m.state in (State.STOPPING, State.STOPPED) else 5.0
 
-    def hung(self, reason: str | None) -> bool:
+    def _hang_verdict(self, reason: str | None) -> bool:
         """Whether a transition's reason is the watchdog's verdict (the machine's ``_hung``)."""
         return self.machine.last_failure_cause == "hang" and (reason or "").startswith("failed: hung:")
 
@@ -487,7 +487,7 @@ class ChildSupervisor:
         elif new is not State.READY and new is not State.UNHEALTHY:
             self.ready_since = None
         level = logging.WARNING if new in (State.FAILED, State.BACKOFF, State.UNHEALTHY) else logging.INFO
-        if new is State.STOPPING and self.hung(reason):
+        if new is State.STOPPING and self._hang_verdict(reason):
             # The hang's own line, at the moment it is decided (the BACKOFF line follows once it is dead).
             level, fields["cause"] = logging.WARNING, "hang"
             if self.on_hang is not None:

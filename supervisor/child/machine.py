@@ -311,6 +311,9 @@ class Machine:
                     running=True,
                 )
         elif self.state is State.BACKOFF and self.backoff_until is not None and now >= self.backoff_until:
+            if self.crashed and self.last_failure_cause == "hang":
+                # /readyz keeps saying why until the replacement is READY, not only while it waits.
+                return self._start(now, f"loading the model to replace a hung child ({self.last_failure})")
             return self._start(now)
         elif self.state is State.STOPPING and self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None

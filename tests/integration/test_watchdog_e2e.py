@@ -114,6 +114,31 @@ class _Bystander:
         self.thread.join(300)
 
 
+class _Readyz:
+    """/readyz every 0.2 s: the (status, state, reason) answers seen, as a monitoring system would."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+        self.stop = threading.Event()
+        self.seen: list[tuple[int, str, str]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30, trust_env=False) as c:
+            while not self.stop.is_set():
+                code, body = self.d.readyz(c)
+                self.seen.append((code, str(body.get("state")), str(body.get("reason"))))
+                time.sleep(0.2)
+
+    def __enter__(self) -> _Readyz:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
 def _served(
     c: httpx.Client, url: str, body: dict[str, Any], key: str, wait_s: float = 120.0
 ) -> httpx.Response:
@@ -159,11 +184,14 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
             "dry_multiplier": 0.8,
             "dry_sequence_breakers": [f"breaker-{i}" for i in range(BREAKERS)],
         }
-        with _Bystander(d, other_key) as bystander, httpx.Client(timeout=600, trust_env=False) as c:
+        with (
+            _Readyz(d) as readyz,
+            _Bystander(d, other_key) as bystander,
+            httpx.Client(timeout=600, trust_env=False) as c,
+        ):
             wait_until(lambda: len(bystander.answers) >= 2, "the other tenant's first answers", 120)
             answer = c.post(d.base_url + "/completion", json=costly, headers=_auth(attacker_key))
-            # While the loop is held and replaced: /readyz says why (the first hang is long past here,
-            # so the reason is read from the log's transitions below); the bystander keeps asking.
+            # The bystander keeps asking after the episode, on the last child.
             settle = len(bystander.answers) + 3
             wait_until(lambda: len(bystander.answers) >= settle, "the other tenant's answers afterwards", 300)
 
@@ -197,6 +225,12 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
     code, ready = d.readyz()
     assert code == 200 and ready["state"] == "READY"
     assert int(ready["generation"]) == generation0 + 2
+
+    # /readyz said so while it lasted: 503 with the hang as the reason, then READY again.
+    hung = [(code, state, why) for code, state, why in readyz.seen if "hung:" in why]
+    assert hung and all(code == 503 for code, _, _ in hung), readyz.seen
+    assert {state for _, state, _ in hung} <= {"STOPPING", "BACKOFF", "STARTING"}, hung
+    assert readyz.seen[-1][:2] == (200, "READY")
 
     # The other tenant: every request answered, the model never FAILED.
     assert bystander.answers

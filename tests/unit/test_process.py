@@ -535,6 +535,10 @@ def test_a_loop_owing_past_the_deadline_is_hung_and_killed_at_once() -> None:
     assert m.state is S.BACKOFF and m.backoff_until == 16.1  # the crash backoff: 1 s for the first
     assert m.reason is not None and "after a hang of a ready child (1 in a row; never gives up)" in m.reason
     assert m.step(Tick(), 16.1) == [A.SPAWN] and m.generation == 2
+    assert m.state is S.STARTING and m.reason is not None
+    assert m.reason.startswith("loading the model to replace a hung child (hung: the server loop")
+    m.step(GatePassed(2), 18.0)
+    assert m.reason is None
 
 
 def test_a_second_ask_while_owing_keeps_the_first_time() -> None:
