@@ -2,7 +2,7 @@
 scrubbed environment the supervisor gives its child).
 
 It accepts llama-server's command line (the flags the supervisor passes), binds the port at once and
-answers 503 "Loading model" like the real one while it "loads", then serves /health, /v1/models
+answers 503 "Loading model" like the real one while it "loads", then serves /health, /slots, /v1/models
 (alias and per-slot n_ctx = -c / -np) and a one-token /v1/completions, all but /health behind the
 LLAMA_API_KEY bearer secret. Switches make it misbehave:
 
@@ -154,6 +154,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path in ("/v1/models", "/models"):
             n_ctx = a.ctx_size // a.parallel + (256 if a.wrong_ctx else 0)
             self.reply(200, {"object": "list", "data": [{"id": a.alias, "meta": {"n_ctx": n_ctx}}]})
+        elif self.path == "/slots":
+            # The supervisor's watchdog asks it after each /health 200: the (fake) loop answers.
+            self.reply(200, [{"id": i, "is_processing": False} for i in range(a.parallel)])
         else:
             self.reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
