@@ -7,7 +7,7 @@ touches no process, so every transition is unit-tested with plain numbers for ``
 
     STOPPED --start--> STARTING --gate passed--> READY <--probe ok-- UNHEALTHY
                           |                       |  --probe failed-->   |
-                          | exit / stall /        | exit                 | N failures
+                          | exit / stall /        | exit / hang          | N failures / hang
                           | timeout / bad gate    v                      v
                           +----------------> (kill) --> BACKOFF --timer--> STARTING
                              (failed start)         \\-> FAILED (too many failed starts in the window)
