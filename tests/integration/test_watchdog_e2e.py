@@ -222,6 +222,11 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
     records = d.log_records()
     backoffs = [r for r in records if r.get("to") == "BACKOFF"]
     assert len(backoffs) == 2 and all("after a hang of a ready child" in str(r.get("msg")) for r in backoffs)
+    signals = [str(r.get("msg")) for r in records if str(r.get("msg")).startswith("sending SIG")]
+    assert signals == ["sending SIGKILL to llama-server"] * 2, (
+        signals
+    )  # never SIGTERM: a held loop ignores it
+    assert _counter(d, "llamagate_replays_total").get("closed", 0) >= 1  # the costly request, replayed once
     code, ready = d.readyz()
     assert code == 200 and ready["state"] == "READY"
     assert int(ready["generation"]) == generation0 + 2
