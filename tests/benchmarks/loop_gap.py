@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +25,10 @@ import httpx
 
 from supervisor.child.gate import HttpProbes, wait_health_200
 from supervisor.child.spawn import RealOs, free_port
+from supervisor.errors import UsageError
 from supervisor.launch.flags import LaunchSpec, build_argv, build_env, new_secret
 from supervisor.launch.knobs import LlamaKnobs
+from tests.benchmarks import cli
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly box"
 
@@ -116,18 +119,26 @@ async def _drain(handle: Any) -> None:
         pass
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", type=Path, required=True)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=4000)
-    parser.add_argument("--ctx", type=int, default=8192, help="context per slot (default 8192)")
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--binary", type=Path, required=True, help="the llama-server to measure")
+    parser.add_argument("--model", type=Path, required=True, help="the GGUF file it serves")
+    parser.add_argument("--threads", type=int, default=1, help="threads and prompt threads (1, as in tests)")
+    parser.add_argument("--tokens", type=int, default=4000, help="prompt tokens per run (4000)")
+    parser.add_argument("--ctx", type=int, default=8192, help="context per slot (8192)")
+    parser.add_argument("--runs", type=int, default=3, help="prompts, one after the other (3)")
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.runs < 1 or args.tokens < 1:
+        raise UsageError("--runs and --tokens must be >= 1")
     out = asyncio.run(measure(args.binary, args.model, args.threads, args.tokens, args.ctx, args.runs))
     print(json.dumps(out, indent=2))
+    return 0
+
+
+def main() -> int:
+    return cli.run("loop_gap", __doc__, add_arguments, handle)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
