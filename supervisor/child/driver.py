@@ -370,6 +370,9 @@ class ChildSupervisor:
         liveness = child.tasks.get("liveness") if child is not None else None
         if child is not None and liveness is not None and not liveness.done():
             liveness.cancel()
+            # A loop probe cancelled mid-flight can no longer be answered: its debt goes with it (the
+            # new task asks again within one interval), or a slow answer lost here would read as a hang.
+            self.machine.loop_asked_at = None
             self._start_task(child, "liveness", self._liveness(child))
 
     def restart(self, reason: str, template: LaunchSpec | None = None) -> None:
