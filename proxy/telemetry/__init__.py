@@ -16,6 +16,7 @@ every span, metric and attribute is in docs/observability.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from proxy.asgi.context import RequestContext
@@ -25,6 +26,9 @@ from proxy.settings import TelemetrySettings
 class Telemetry(Protocol):
     def record(self, ctx: RequestContext, duration_s: float) -> None:
         """One generation request, done: its spans and metrics (``ctx.genai`` is set)."""
+
+    def child_event(self, name: str, attributes: Mapping[str, str | int | float]) -> None:
+        """An event of a served model's child (``llamagate.child.hang``): a span of its own, at once."""
 
     def shutdown(self) -> None:
         """Export what is pending and stop (blocking: run it in a thread)."""

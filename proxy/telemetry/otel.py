@@ -189,6 +189,11 @@ class OtelTelemetry:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=end)
 
+    def child_event(self, name: str, attributes: Mapping[str, str | int | float]) -> None:
+        # No request is behind it: a root span of its own, of no duration, at the moment it is decided.
+        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=dict(attributes))
+        span.end()
+
     def _parent(self, g: GenAI) -> Context | None:
         if g.traceparent is None:
             return None

@@ -42,6 +42,8 @@ from supervisor.child.machine import (
     GatePassed,
     HealthFailed,
     HealthOk,
+    LoopAnswered,
+    LoopAsked,
     Machine,
     Output,
     Restart,
@@ -190,6 +192,8 @@ class ChildSupervisor:
         self._trial: _Trial | None = None
         # The last reload's outcome for status and /readyz (set by the daemon): e.g. why it was rejected.
         self.last_reload: str | None = None
+        # Told of each hang the watchdog decides (reason, generation): the daemon's OpenTelemetry span.
+        self.on_hang: Callable[[str, int], None] | None = None
 
     # --- what others read ----------------------------------------------------------------------------
     @property
@@ -237,6 +241,7 @@ class ChildSupervisor:
             "supervision": {
                 "health_interval_s": self.health_interval_s,
                 "health_timeout_s": self.health_timeout_s,
+                "loop_deadline_s": m.policy.loop_deadline_s,
                 "max_restarts": m.policy.max_restarts,
                 "restart_window_s": m.policy.restart_window_s,
             },
@@ -342,6 +347,10 @@ class ChildSupervisor:
             return max(1.0, self.health_interval_s)
         return 30.0 if m.state in (State.STOPPING, State.STOPPED) else 5.0
 
+    def _hang_verdict(self, reason: str | None) -> bool:
+        """Whether a transition's reason is the watchdog's verdict (the machine's ``_hung``)."""
+        return self.machine.last_failure_cause == "hang" and (reason or "").startswith("failed: hung:")
+
     # --- what others ask -----------------------------------------------------------------------------
     def post(self, event: Event) -> None:
         self._events.put_nowait(event)
@@ -363,6 +372,9 @@ class ChildSupervisor:
         liveness = child.tasks.get("liveness") if child is not None else None
         if child is not None and liveness is not None and not liveness.done():
             liveness.cancel()
+            # A loop probe cancelled mid-flight can no longer be answered: its debt goes with it (the
+            # new task asks again within one interval), or a slow answer lost here would read as a hang.
+            self.machine.loop_asked_at = None
             self._start_task(child, "liveness", self._liveness(child))
 
     def restart(self, reason: str, template: LaunchSpec | None = None) -> None:
@@ -480,6 +492,14 @@ class ChildSupervisor:
         elif new is not State.READY and new is not State.UNHEALTHY:
             self.ready_since = None
         level = logging.WARNING if new in (State.FAILED, State.BACKOFF, State.UNHEALTHY) else logging.INFO
+        if new is State.STOPPING and self._hang_verdict(reason):
+            # The hang's own line, at the moment it is decided (the BACKOFF line follows once it is dead).
+            level, fields["cause"] = logging.WARNING, "hang"
+            if self.on_hang is not None:
+                try:
+                    self.on_hang(reason or "", self.machine.generation)
+                except Exception:
+                    self.log.exception("hang hook failed")
         if new in (State.BACKOFF, State.FAILED) and self.tail:
             fields["child_log_tail"] = "\n".join(self.tail)
         self.log.log(
@@ -648,11 +668,26 @@ class ChildSupervisor:
                 self.log.exception("health probe error")
                 self.post(HealthFailed(child.generation, f"{type(exc).__name__}: {exc}"))
                 continue
-            self.post(
-                HealthOk(child.generation)
-                if status == 200
-                else HealthFailed(child.generation, f"HTTP {status}")
-            )
+            if status != 200:
+                self.post(HealthFailed(child.generation, f"HTTP {status}"))
+                continue
+            self.post(HealthOk(child.generation))
+            await self._probe_loop(child)
+
+    async def _probe_loop(self, child: _Child) -> None:
+        """The watchdog's half: /health above proves the process and its HTTP threads; a task through
+        the queue proves the server loop turns. The machine holds the deadline (``LoopAsked`` starts it)
+        and calls a loop still owing past it hung; this probe only stops asking at the same deadline."""
+        deadline_s = self.machine.policy.loop_deadline_s
+        self.post(LoopAsked(child.generation))
+        try:
+            answered = await self.probes.loop(child.base_url, child.secret, deadline_s)
+        except Exception:
+            # Unplanned: counted as no answer; the machine's deadline decides, as for a held loop.
+            self.log.exception("loop probe error")
+            return
+        if answered:
+            self.post(LoopAnswered(child.generation))
 
     def _confirm_port_closed(self) -> None:
         if self._last_port is None:

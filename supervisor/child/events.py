@@ -70,6 +70,21 @@ class HealthFailed:
 
 
 @dataclass(frozen=True)
+class LoopAsked:
+    """The liveness probe put a task in llama-server's queue (``GET /slots``): the server loop owes an
+    answer within ``Policy.loop_deadline_s`` of this event (a probe already owed keeps its time)."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class LoopAnswered:
+    """The server loop answered the probe's task: it is turning (busy or idle, not held)."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
 class Exited:
     generation: int
     description: str  # decoded by the driver: "exited with code 1", "killed by SIGSEGV", ...
@@ -86,6 +101,8 @@ Event = (
     | GateFailed
     | HealthOk
     | HealthFailed
+    | LoopAsked
+    | LoopAnswered
     | Exited
 )
 

@@ -1,4 +1,5 @@
-"""Readiness gate and liveness probing over HTTP, on top of ``supervisor.child.probes``.
+"""Readiness gate and liveness probing (``/health``, and the server loop's ``GET /slots``) over HTTP,
+on top of ``supervisor.child.probes``.
 
 READY means three things, checked in order: ``/health`` answers 200 (the model is loaded),
 ``/v1/models`` lists our alias with the per-slot context we asked for (the child is the one we
@@ -47,6 +48,13 @@ class HttpProbes:
             raise ProbeUnreachable(f"no answer within {timeout_s:g} s") from None
         except httpx.TransportError as exc:
             raise ProbeUnreachable(type(exc).__name__) from None
+
+    async def loop(self, base_url: str, secret: str, deadline_s: float) -> bool:
+        try:
+            await probes.loop_answers(self._client, base_url, secret, deadline_s=deadline_s)
+        except (httpx.HTTPError, probes.ProbeError):
+            return False
+        return True
 
     async def models(self, base_url: str, secret: str) -> list[ServedModel]:
         try:

@@ -7,11 +7,20 @@ touches no process, so every transition is unit-tested with plain numbers for ``
 
     STOPPED --start--> STARTING --gate passed--> READY <--probe ok-- UNHEALTHY
                           |                       |  --probe failed-->   |
-                          | exit / stall /        | exit                 | N failures
+                          | exit / stall /        | exit / hang          | N failures / hang
                           | timeout / bad gate    v                      v
                           +----------------> (kill) --> BACKOFF --timer--> STARTING
                              (failed start)         \\-> FAILED (too many failed starts in the window)
     any running state --stop--> STOPPING (SIGTERM, grace, SIGKILL) --exit--> STOPPED
+
+A READY child is watched twice: ``/health`` (answered by llama-server's HTTP threads: the process
+and its listener live) and the *loop probe* (a task through llama-server's task queue, ``GET /slots``,
+which only the server loop answers; between batches while a decode runs, so a busy loop answers
+within milliseconds). ``LoopAsked`` starts the loop's debt and ``LoopAnswered`` clears it; a debt older
+than ``loop_deadline_s`` while the process lives is a *hang* (cause ``hang``): the loop is held (a
+costly request's setup, a deadlock, a thread stopped from outside) and /health cannot see it. A hang is
+a crash of a ready child: SIGKILL (a held loop does not act on SIGTERM) and a restart after the
+crash backoff, never FAILED.
 
 Failures kill the child with SIGKILL at once (a broken child has nothing to drain); a requested stop
 or a config restart gets SIGTERM and a grace period first.
@@ -20,12 +29,12 @@ Two kinds of failure, two policies. A *failed start* (spawn error, exit during l
 load timeout or stall) says the binary, the model or the flags may be broken: it counts in the
 sliding window, and more than ``max_restarts`` of them within ``restart_window_s`` is FAILED, because
 retrying a child that cannot start only burns CPU and disk. A *crash of a ready child* (it exited, or
-was killed for failing /health, after it passed the gate) proves the opposite: the child can start,
-and what killed it is usually what it was asked (a request that aborts llama-server) or the host (an
-OOM kill). Giving up there would let one tenant's requests take the model down for everyone, so it
-never gives up: it restarts after its own full-jitter backoff, counted by ``crashes`` and capped by
-the same ``backoff_max_s``. Both counters go back to zero once a child has been READY for
-``stable_after_s``.
+was killed for failing /health or for a hung loop, after it passed the gate) proves the opposite: the
+child can start, and what killed it is usually what it was asked (a request that aborts or holds
+llama-server) or the host (an OOM kill). Giving up there would let one tenant's requests take the model
+down for everyone, so it never gives up: it restarts after its own full-jitter backoff, counted by
+``crashes`` and capped by the same ``backoff_max_s``. Both counters go back to zero once a child has
+been READY for ``stable_after_s``.
 
 A config restart may be a *trial* (``Restart(trial=True)``: new llama settings while the previous ones
 passed the gate). A trial child that fails before passing the gate is no crash of the service: it is
@@ -48,6 +57,8 @@ from supervisor.child.events import (
     GatePassed,
     HealthFailed,
     HealthOk,
+    LoopAnswered,
+    LoopAsked,
     Output,
     Restart,
     SpawnFailed,
@@ -68,6 +79,8 @@ __all__ = [
     "HealthFailed",
     "HealthOk",
     "IllegalTransition",
+    "LoopAnswered",
+    "LoopAsked",
     "Machine",
     "Output",
     "Restart",
@@ -124,6 +137,7 @@ class Machine:
     last_output_at: float = 0.0
     ready_at: float | None = None
     health_failures: int = 0
+    loop_asked_at: float | None = None  # when the loop probe's task was posted and not yet answered
     attempt: int = 0  # failed starts since a child was last stable: the next one's backoff
     crashes: int = 0  # crashes of a ready child since a child was last stable: never gives up
     crashed: bool = False  # the last failure was a ready child's crash (not a failed start)
@@ -158,9 +172,18 @@ class Machine:
             return self.backoff_until
         if self.state is State.STOPPING:
             return self.kill_at
-        if self.state is State.READY and self._backing_off() and self.ready_at is not None:
-            return self.ready_at + p.stable_after_s
+        if self.state in (State.READY, State.UNHEALTHY):
+            due = [self.loop_due()]
+            if self.state is State.READY and self._backing_off() and self.ready_at is not None:
+                due.append(self.ready_at + p.stable_after_s)
+            return min((d for d in due if d is not None), default=None)
         return None
+
+    def loop_due(self) -> float | None:
+        """When the loop probe owed now is a hang; None when nothing is owed."""
+        if self.loop_asked_at is None:
+            return None
+        return self.loop_asked_at + self.policy.loop_deadline_s
 
     # --- the step --------------------------------------------------------------------------------------
     def step(self, event: Event, now: float) -> list[Action]:
@@ -188,6 +211,7 @@ class Machine:
                 if self.state is State.STARTING:
                     self.ready_at = now
                     self.health_failures = 0
+                    self.loop_asked_at = None
                     self.trial_generation = None  # the trial passed: its settings are the good ones now
                     self._go(State.READY, None)
                     return [Action.START_LIVENESS]
@@ -203,6 +227,13 @@ class Machine:
                 return []
             case HealthFailed(reason=reason):
                 return self._health_failed(now, reason)
+            case LoopAsked():
+                if self.state in (State.READY, State.UNHEALTHY) and self.loop_asked_at is None:
+                    self.loop_asked_at = now
+                return []
+            case LoopAnswered():
+                self.loop_asked_at = None
+                return []
             case Exited(description=description):
                 return self._exited(now, description)
         raise TypeError(f"unknown event {event!r}")
@@ -225,6 +256,7 @@ class Machine:
         self.last_output_at = now
         self.ready_at = None
         self.health_failures = 0
+        self.loop_asked_at = None
         self.backoff_until = None
         self.kill_at = None
         self._go(State.STARTING, reason)
@@ -279,18 +311,37 @@ class Machine:
                     running=True,
                 )
         elif self.state is State.BACKOFF and self.backoff_until is not None and now >= self.backoff_until:
+            if self.crashed and self.last_failure_cause == "hang":
+                # /readyz keeps saying why until the replacement is READY, not only while it waits.
+                return self._start(now, f"loading the model to replace a hung child ({self.last_failure})")
             return self._start(now)
         elif self.state is State.STOPPING and self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
             return [Action.KILL]
-        elif (
-            self.state is State.READY
-            and self.ready_at is not None
-            and self._backing_off()
-            and now >= self.ready_at + p.stable_after_s
-        ):
-            self.attempt = self.crashes = 0  # stable again: the next failure gets the shortest backoff
+        elif self.state in (State.READY, State.UNHEALTHY):
+            due = self.loop_due()
+            if due is not None and now >= due:
+                return self._hung(now)
+            if (
+                self.state is State.READY
+                and self.ready_at is not None
+                and self._backing_off()
+                and now >= self.ready_at + p.stable_after_s
+            ):
+                self.attempt = self.crashes = 0  # stable again: the next failure gets the shortest backoff
         return []
+
+    def _hung(self, now: float) -> list[Action]:
+        """The loop owes the probe's answer past the deadline while the process lives: replace it."""
+        asked = self.loop_asked_at if self.loop_asked_at is not None else now
+        self.loop_asked_at = None
+        return self._fail(
+            now,
+            f"hung: the server loop did not answer GET /slots for {now - asked:.1f} s "
+            f"(loop_deadline_s {self.policy.loop_deadline_s:g}) while the process lives",
+            "hang",
+            running=True,
+        )
 
     def _health_failed(self, now: float, reason: str) -> list[Action]:
         if self.state not in (State.READY, State.UNHEALTHY):
@@ -376,7 +427,8 @@ class Machine:
         p = self.policy
         if self.crashed:
             delay = p.backoff(self.crashes)
-            why = f"a crash of a ready child ({self.crashes} in a row; never gives up)"
+            kind = "a hang" if self.last_failure_cause == "hang" else "a crash"
+            why = f"{kind} of a ready child ({self.crashes} in a row; never gives up)"
         else:
             delay = p.backoff(self.attempt)
             why = (

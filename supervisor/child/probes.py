@@ -1,4 +1,5 @@
-"""Small async probes of a llama-server, shared by ``verify``'s smoke test and the readiness gate.
+"""Small async probes of a llama-server, shared by ``verify``'s smoke test, the readiness gate and the
+liveness watchdog.
 
 Each probe is one request with its own timeout. Transport failures (connection refused while the
 child binds, timeouts) propagate as ``httpx.HTTPError`` so a caller polling with a deadline can tell
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from supervisor.errors import CheckFailed
 
@@ -61,6 +63,46 @@ async def get_health(client: httpx.AsyncClient, base_url: str, *, timeout_s: flo
     """Status of ``GET /health``: 503 while the model loads, 200 once it serves."""
     response = await client.get(f"{base_url}/health", timeout=timeout_s)
     return response.status_code
+
+
+# A reused keep-alive connection the child closed (its idle close is 5 s), or a refused connect while the
+# listener is busy, fails in under a millisecond: retried within the deadline, first after at most 50 ms,
+# never more than 1 s apart (full jitter), so a transport hiccup is never mistaken for a held loop.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+
+
+async def loop_answers(client: httpx.AsyncClient, base_url: str, secret: str, *, deadline_s: float) -> str:
+    """Ask the server loop itself: ``GET /slots`` is a task in llama-server's queue (``SLOT_GET``), answered
+    by the loop between batches even while a decode runs (server-context.cpp ``process_single_task``),
+    unlike ``/health``, which its HTTP threads answer alone. Returns the path that answered; raises
+    ``httpx.TimeoutException`` or ``httpx.TransportError`` when nothing answered within ``deadline_s``
+    (transport errors are retried until then), ``ProbeError`` for an answer no loop gives.
+
+    A child started with ``--no-slots`` answers 501 without the loop: then ``/metrics`` (a
+    ``SERVER_TASK_TYPE_METRICS`` task; llamagate always passes ``--metrics``) is asked instead. It is the
+    second choice because each of its answers resets llama-server's throughput window."""
+    started = time.monotonic()
+    path = "/slots"
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(deadline_s),
+        wait=wait_random_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+        retry=retry_if_exception_type(httpx.TransportError),
+        reraise=True,
+    ):
+        with attempt:
+            left = max(0.001, deadline_s - (time.monotonic() - started))
+            response = await client.get(f"{base_url}{path}", headers=_auth(secret), timeout=left)
+            if response.status_code == 501 and path == "/slots":
+                path = "/metrics"
+                left = max(0.001, deadline_s - (time.monotonic() - started))
+                response = await client.get(f"{base_url}{path}", headers=_auth(secret), timeout=left)
+            if response.status_code != 200:
+                what = f"GET {path}"
+                raise ProbeError(
+                    what, f"HTTP {response.status_code}: {_error_text(response)}", response.status_code
+                )
+    return path
 
 
 async def get_models(

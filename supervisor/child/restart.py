@@ -37,6 +37,7 @@ class Policy:
     load_timeout_s: float = 300.0
     stall_timeout_s: float = 30.0
     health_failures: int = 3
+    loop_deadline_s: float = 10.0
     stable_after_s: float = 60.0
     max_restarts: int = 5
     restart_window_s: float = 300.0
@@ -49,6 +50,7 @@ class Policy:
             load_timeout_s=s.load_timeout_s,
             stall_timeout_s=s.stall_timeout_s,
             health_failures=s.health_failures,
+            loop_deadline_s=s.loop_deadline_s,
             stable_after_s=s.stable_after_s,
             max_restarts=s.max_restarts,
             restart_window_s=s.restart_window_s,

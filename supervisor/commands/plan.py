@@ -78,6 +78,7 @@ def _plan(args: argparse.Namespace) -> int:
             "argv": argv,
             "model": str(model.path),
             "state_disk": disk.record(),
+            "watchdog": _watchdog(cfg),
         }
         print(json.dumps(out, indent=2))
     else:
@@ -90,6 +91,7 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"  {line}")
         print("fits" if budget.fits else budget.refusal())
         print(disk.line(spec.alias) + _on_disk(disk, budget.state_1k_bytes))
+        print(_watchdog_line(cfg))
     return 0 if budget.fits else 1
 
 
@@ -129,6 +131,7 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
                 }
                 for s, b, a in rows
             },
+            "watchdog": _watchdog(cfg),
             "needed_bytes": need,
             "usable_bytes": usable,
             "fits": fits,
@@ -148,12 +151,27 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         f"every always model + the largest on_demand one: {need / mib:,.0f} MiB needed,"
         f" {usable / mib:,.0f} MiB usable"
     )
+    print(_watchdog_line(cfg))
     print(
         "fits"
         if fits
         else "does not fit: lower slots or ctx_per_slot, make a model on_demand, or serve fewer"
     )
     return 0 if fits else 1
+
+
+def _watchdog(cfg: Config) -> dict[str, float]:
+    s = cfg.supervision
+    return {"probe_interval_s": s.health_interval_s, "loop_deadline_s": s.loop_deadline_s}
+
+
+def _watchdog_line(cfg: Config) -> str:
+    """The hang watchdog's deadline: a loop that does not answer GET /slots this long is replaced."""
+    s = cfg.supervision
+    return (
+        f"watchdog GET /slots every {s.health_interval_s:g} s; a loop that does not answer within "
+        f"{s.loop_deadline_s:g} s (supervision.loop_deadline_s) is hung: killed and restarted"
+    )
 
 
 def _digest(binary: Path | None) -> str:

@@ -264,6 +264,12 @@ class SupervisionConfig:
     health_interval_s: float = setting(2.0, "seconds between /health probes once READY", positive)
     health_timeout_s: float = setting(2.0, "timeout of one /health probe", positive)
     health_failures: int = setting(3, "consecutive failed probes that make a READY child dead", at_least(1))
+    loop_deadline_s: float = setting(
+        10.0,
+        "seconds llama-server's server loop may take to answer the liveness task (GET /slots) before the"
+        " child counts as hung and is replaced",
+        positive,
+    )
     backoff_initial_s: float = setting(
         1.0, "upper bound of the first restart delay (full jitter)", at_least(0)
     )

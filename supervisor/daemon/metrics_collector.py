@@ -26,9 +26,10 @@ from supervisor.child.machine import Machine, State
 
 # Failure causes the state machine records (child.machine.Machine._fail); listed so that every cause is
 # exported from the start at 0 and ``increase()`` sees the first failure of each. The first five are
-# failed starts (they count towards FAILED); "exit" and "unhealthy" are crashes of a ready child (restarted
+# failed starts (they count towards FAILED); "exit", "unhealthy" and "hang" (the server loop did not answer
+# the watchdog's GET /slots within supervision.loop_deadline_s) are crashes of a ready child (restarted
 # without end, never FAILED).
-FAILURE_CAUSES = ("spawn", "load_exit", "load_timeout", "load_stalled", "gate", "exit", "unhealthy")
+FAILURE_CAUSES = ("spawn", "load_exit", "load_timeout", "load_stalled", "gate", "exit", "unhealthy", "hang")
 # Digest prefixes are enough to tell builds and models apart on a dashboard without a 64-char label.
 DIGEST_PREFIX = 12
 # `llama-server --version`: "version: 0.5.0-dev (build 1, commit 0c1e570)"

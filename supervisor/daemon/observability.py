@@ -1,6 +1,7 @@
 """The daemon's metrics parts in one place: the collectors added to the proxy's registry (the
-supervisor's series and llama-server's relabeled ones) and the optional unauthenticated ``/metrics``
-listener (served to the peers of its allow list only).
+supervisor's series and llama-server's relabeled ones), the optional unauthenticated ``/metrics``
+listener (served to the peers of its allow list only), and the children's events for OpenTelemetry
+(a hung child's ``llamagate.child.hang`` span, when the ``telemetry:`` section is set).
 
 The daemon creates one ``Observability`` beside its served models (one or several: every series carries
 the model's name), passes ``collectors`` to the proxy's app, awaits ``start`` before serving and
@@ -22,6 +23,7 @@ from proxy.listener.guard import FrontDoor, uvicorn_config
 from proxy.metrics.listener import create_metrics_app
 from proxy.metrics.llama import ModelsLlamaMetrics, Snapshots
 from proxy.metrics.proxy import ProxyMetrics
+from proxy.telemetry import Telemetry
 from supervisor.config.schema import Config
 from supervisor.daemon.listener import _Server, bind_listener
 from supervisor.daemon.metrics_collector import SupervisorCollector, Views
@@ -45,6 +47,25 @@ class Observability:
         self.collectors: tuple[Collector, ...] = (SupervisorCollector(views, clock=clock), self.llama)
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        # The proxy's OpenTelemetry exporters (set once the proxy is built); None: telemetry is off.
+        self.telemetry: Telemetry | None = None
+
+    def child_hung(self, model: str, reason: str, generation: int) -> None:
+        """The watchdog found ``model``'s server loop held (``supervisor.child.machine``): a span of its
+        own beside the requests' traces (the Prometheus side is ``llamagate_child_failures_total``)."""
+        if self.telemetry is None:
+            return
+        try:
+            self.telemetry.child_event(
+                "llamagate.child.hang",
+                {
+                    "llamagate.model": model,
+                    "llamagate.child.generation": generation,
+                    "llamagate.child.reason": reason,
+                },
+            )
+        except Exception:  # telemetry must never take the supervisor's path down
+            log.exception("could not export the hang event")
 
     async def start(self, metrics: ProxyMetrics, door: FrontDoor | None = None) -> None:
         """Open the loopback listener if configured; raises ``StartupError`` if its port is taken.

@@ -126,11 +126,12 @@ class Daemon:
         self.probes = probes or HttpProbes()
         self.child_os = child_os or RealOs()
         self.models = ModelSet(usable_bytes(models))
+        # Before the models: each model's supervisor reports its hangs to it (``_supervisor_for``).
+        self.observability = Observability(self.cfg, self._views, self._snapshots, self.child_os.now)
         # The states folders this daemon serves, held for its life (``state_disk.Folders``).
         self.folders = Folders()
         for model in models:
             self.models.add(self._host(model))
-        self.observability = Observability(self.cfg, self._views, self._snapshots, self.child_os.now)
         self.proxy = ProxyWiring(
             proxy_settings(self.cfg, self.generated_keys),
             self.models,
@@ -139,6 +140,7 @@ class Daemon:
             self.accounts.accounts,
         )
         self.app = self.proxy.app
+        self.observability.telemetry = self.proxy.runtime.telemetry  # None unless ``telemetry:`` is set
         self.folders.forget = self.proxy.states_lost
         self.models.usage = self.proxy.usage
         self.door = FrontDoor(self.proxy.door_settings)
@@ -181,6 +183,8 @@ class Daemon:
             n_vocab=prepared.model.shape.n_vocab,
         )
         sup.budget = prepared.budget.as_dict()
+        # One attribute, not an observer: a new supervisor for the model gets its own (observers move).
+        sup.on_hang = functools.partial(self.observability.child_hung, name)
         sup.before_spawn = functools.partial(self.folders.before_spawn, name)
         return sup
 

@@ -3,7 +3,7 @@ scrubbed environment the supervisor gives its child).
 
 It accepts llama-server's command line (the flags the supervisor passes), binds the port at once and
 answers 503 "Loading model" like the real one while it "loads", then serves /health, /v1/models
-(alias and per-slot n_ctx = -c / -np) , /slots (each slot idle) and a one-token /v1/completions, all
+(alias and per-slot n_ctx = -c / -np), /slots (each slot idle) and a one-token /v1/completions, all
 but /health behind the LLAMA_API_KEY bearer secret. Switches make it misbehave:
 
   --load-seconds S              normal load time (default 0.2)
@@ -165,6 +165,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.reply(200, {"status": "ok"})
         elif self.path == "/slots":
+            # The supervisor's watchdog asks it after each /health 200: the (fake) loop answers.
             self.reply(200, [{"id": i, "is_processing": False} for i in range(a.parallel)])
         elif self.path in ("/v1/models", "/models"):
             n_ctx = a.ctx_size // a.parallel + (256 if a.wrong_ctx else 0)

@@ -12,6 +12,8 @@ from supervisor.child.machine import (
     HealthFailed,
     HealthOk,
     IllegalTransition,
+    LoopAnswered,
+    LoopAsked,
     Machine,
     Output,
     Restart,
@@ -509,3 +511,96 @@ def test_a_stop_during_a_trial_stops() -> None:
     assert m.step(Stop("SIGTERM"), 4.0) == [A.STOP_PROBES, A.TERMINATE]
     assert m.step(Exited(2, "exited with code 0"), 4.1) == []
     assert m.state is S.STOPPED
+
+
+# --- the watchdog: the loop's debt, the deadline, the hang -------------------------------------------------
+def test_an_answered_loop_probe_owes_nothing() -> None:
+    m = ready_machine(loop_deadline_s=5.0)
+    assert m.step(LoopAsked(1), 10.0) == []
+    assert m.next_deadline() == 15.0
+    assert m.step(LoopAnswered(1), 10.01) == []
+    assert m.loop_asked_at is None and m.next_deadline() is None
+    assert m.step(Tick(), 100.0) == [] and m.state is S.READY
+
+
+def test_a_loop_owing_past_the_deadline_is_hung_and_killed_at_once() -> None:
+    m = ready_machine(loop_deadline_s=5.0)
+    m.step(LoopAsked(1), 10.0)
+    assert m.step(Tick(), 14.99) == [] and m.state is S.READY
+    assert m.step(Tick(), 15.0) == [A.STOP_PROBES, A.KILL]  # SIGKILL: it will not act on SIGTERM
+    assert m.state is S.STOPPING and m.reason is not None and m.reason.startswith("failed: hung:")
+    assert "did not answer GET /slots for 5.0 s" in m.reason
+    assert m.failures == {"hang": 1} and m.crashed and m.crashes == 1 and m.attempt == 0
+    assert m.step(Exited(1, "killed by SIGKILL"), 15.1) == []
+    assert m.state is S.BACKOFF and m.backoff_until == 16.1  # the crash backoff: 1 s for the first
+    assert m.reason is not None and "after a hang of a ready child (1 in a row; never gives up)" in m.reason
+    assert m.step(Tick(), 16.1) == [A.SPAWN] and m.generation == 2
+    assert m.state is S.STARTING and m.reason is not None
+    assert m.reason.startswith("loading the model to replace a hung child (hung: the server loop")
+    m.step(GatePassed(2), 18.0)
+    assert m.reason is None
+
+
+def test_a_second_ask_while_owing_keeps_the_first_time() -> None:
+    m = ready_machine(loop_deadline_s=5.0)
+    m.step(LoopAsked(1), 10.0)
+    m.step(LoopAsked(1), 13.0)
+    assert m.loop_asked_at == 10.0
+    assert m.step(Tick(), 15.0) == [A.STOP_PROBES, A.KILL]
+
+
+def test_a_busy_loop_that_answers_every_probe_is_never_hung() -> None:
+    # A long prefill: the loop answers between batches, each probe within the deadline, for minutes.
+    m = ready_machine(loop_deadline_s=5.0)
+    t = 10.0
+    while t < 600.0:
+        m.step(LoopAsked(1), t)
+        assert m.step(Tick(), t + 4.9) == []
+        m.step(LoopAnswered(1), t + 4.9)
+        t += 6.9
+    assert m.state is S.READY and m.failures == {}
+
+
+def test_the_loop_probe_means_nothing_outside_ready() -> None:
+    m = Machine(policy(loop_deadline_s=5.0))
+    m.step(Start(), 0.0)
+    assert m.step(LoopAsked(1), 1.0) == [] and m.loop_asked_at is None  # loading is no hang
+    assert m.step(Tick(), 7.0) == [] and m.state is S.STARTING
+    m.step(GatePassed(1), 8.0)
+    assert m.loop_asked_at is None and m.next_deadline() is None
+
+
+def test_an_old_childs_answer_does_not_clear_the_new_childs_debt() -> None:
+    m = ready_machine(loop_deadline_s=5.0)
+    m.step(Exited(1, "killed by SIGSEGV"), 3.0)
+    m.step(Tick(), 4.0)
+    m.step(GatePassed(2), 5.0)
+    m.step(LoopAsked(2), 6.0)
+    assert m.step(LoopAnswered(1), 6.5) == [] and m.loop_asked_at == 6.0
+    assert m.step(Tick(), 11.0) == [A.STOP_PROBES, A.KILL]
+
+
+def test_an_unhealthy_childs_held_loop_is_hung_too() -> None:
+    m = ready_machine(loop_deadline_s=5.0)
+    m.step(LoopAsked(1), 10.0)
+    m.step(HealthFailed(1, "no answer within 2 s"), 11.0)
+    assert m.state is S.UNHEALTHY
+    assert m.step(Tick(), 15.0) == [A.STOP_PROBES, A.KILL] and m.failures == {"hang": 1}
+
+
+def test_twenty_hangs_of_a_ready_child_never_give_up() -> None:
+    m = ready_machine(loop_deadline_s=5.0, max_restarts=1, restart_window_s=1000.0)
+    t = 10.0
+    for n in range(1, 21):
+        m.step(LoopAsked(n), t)
+        assert m.step(Tick(), t + 5.0) == [A.STOP_PROBES, A.KILL]
+        m.step(Exited(n, "killed by SIGKILL"), t + 5.1)
+        assert m.state is S.BACKOFF
+        assert m.step(Tick(), m.backoff_until or 0.0) == [A.SPAWN]
+        t = (m.backoff_until or 0.0) + 1.0
+        m.step(GatePassed(n + 1), t)
+    assert m.state is S.READY and m.failures == {"hang": 20} and not m.window.times
+
+
+def test_loop_deadline_comes_from_the_config() -> None:
+    assert Policy.from_config(SupervisionConfig(loop_deadline_s=7.5)).loop_deadline_s == 7.5

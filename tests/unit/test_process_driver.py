@@ -102,6 +102,7 @@ class FakeProbes:
     def __init__(self) -> None:
         self.health_status = 200
         self.n_ctx = 4096
+        self.loop_held = False
         self.calls: list[str] = []
 
     async def health(self, base_url: str, timeout_s: float) -> int:
@@ -109,6 +110,11 @@ class FakeProbes:
         if self.health_status == 0:
             raise ProbeUnreachable("refused")
         return self.health_status
+
+    async def loop(self, base_url: str, secret: str, deadline_s: float) -> bool:
+        # ``loop_held``: the server loop answers no task (the real probe returns False at its deadline).
+        self.calls.append("loop")
+        return not self.loop_held
 
     async def models(self, base_url: str, secret: str) -> list[ServedModel]:
         self.calls.append("models")
@@ -509,3 +515,45 @@ async def test_every_record_of_a_named_models_child_names_it_in_text_and_json(
             text = TextFormatter().format(record)
             assert (f" model={model}" in text) is (model is not None)
             assert json.loads(JsonFormatter().format(record)).get("model") == model
+
+
+# --- the watchdog: a loop that owes the probe's answer past the deadline is hung -----------------------
+async def test_a_held_loop_is_killed_and_restarted_like_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os_, probes = FakeOs(), FakeProbes()
+    sup = ChildSupervisor(
+        SPEC,
+        Policy(loop_deadline_s=5.0, backoff=lambda n: 1.0),
+        os=os_,
+        probes=probes,
+        workdir=tmp_path / "w",
+        health_interval_s=0.0,
+    )
+    await start(sup)
+    await settle(sup)
+    assert sup.state is State.READY and "loop" in probes.calls  # answered: nothing owed
+    assert sup.machine.loop_asked_at is None
+    probes.loop_held = True  # /health still 200: the HTTP threads run, the loop does not
+    await settle(sup)
+    assert sup.machine.loop_asked_at == os_.t and sup.state is State.READY
+    os_.t += 4.9
+    await sup.dispatch(Tick())
+    assert sup.state is State.READY  # within the deadline: a busy loop may still answer
+    os_.t += 0.1
+    with caplog.at_level(logging.INFO):
+        await sup.dispatch(Tick())
+        await settle(sup)
+    assert os_.children[0].signals == [signal.SIGKILL]  # no SIGTERM: a held loop does not act on it
+    assert sup.state is State.BACKOFF
+    assert sup.machine.failures == {"hang": 1} and sup.machine.crashes == 1
+    snap = sup.snapshot()
+    assert not snap.ready and snap.reason is not None
+    assert "after a hang of a ready child" in snap.reason and "did not answer GET /slots" in snap.reason
+    hang_lines = [r for r in caplog.records if getattr(r, "fields", {}).get("cause") == "hang"]
+    assert len(hang_lines) == 1 and hang_lines[0].levelno == logging.WARNING
+    probes.loop_held = False
+    os_.t += 1.0
+    await sup.dispatch(Tick())
+    await settle(sup)
+    assert sup.state is State.READY and sup.machine.generation == 2

@@ -55,6 +55,7 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "poison",
         "store_write",
         "schema",
+        "loop_gap",
     }
     assert moved == _moved_benchmarks() == benchmarks
 
