@@ -42,9 +42,9 @@ class GrammarLimits:
     # candidate token against.
     alternatives: int = 500
     # Stacks the grammar starts with (alternatives reachable before the first character, through rule
-    # references; nested alternatives multiply), times their depth: the sampler tests every candidate
-    # token against each, every token.
-    stacks: int = 1000
+    # references; nested alternatives multiply): the sampler tests every candidate token against each,
+    # every token (measured: 1,023 stacks held the loop 0.83 s, 500 alternatives 0.52 s).
+    stacks: int = 500
     # Rules reached from one another through their leftmost reference (``r0 ::= r1 ...``): the depth of
     # the child's recursion in ``llama_grammar_detect_left_recursion``.
     chain: int = 1000
@@ -493,11 +493,7 @@ def _leftmost(grammar: _Grammar, limits: GrammarLimits) -> None:
         total_steps += steps[start]
         _over(total_steps, limits.steps, "the steps of the child's left-recursion check")
     _over(depth[grammar.symbols["root"]], limits.chain, "the grammar's chain of leftmost rule references")
-    # Each stack costs the sampler in proportion to its frames, about the chain's depth.
-    root = grammar.symbols["root"]
-    _over(
-        stacks[root][0] * depth[root], limits.stacks, "the stacks the grammar starts with (times their depth)"
-    )
+    _over(stacks[grammar.symbols["root"]][0], limits.stacks, "the stacks the grammar starts with")
 
 
 def _stacks_of(alts: list[list[int]], known: dict[int, tuple[int, int]], cap: int) -> tuple[int, int]:
