@@ -14,6 +14,7 @@ from typing import Any
 from proxy.schema.bounds import bound_generation
 from proxy.schema.fields import Field
 from proxy.schema.media import check_inputs
+from proxy.schema.programs import check_exclusive
 from proxy.schema.routes import SCHEMAS
 from proxy.schema.values import Context, FieldError, UnknownField
 from proxy.settings import ProxySettings, TenantSettings, UnknownPolicy
@@ -71,6 +72,7 @@ def check_request(
     bounds = Context(tenant, admin, snap.slots, snap.n_vocab)
     unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
     rewritten = check_body(schema, payload, bounds, unknown, generates=generates)
+    check_exclusive(schema, payload)
     check_inputs(schema, payload, snap.inputs, snap.model_alias)
     return rewritten
 

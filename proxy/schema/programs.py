@@ -18,7 +18,6 @@ the same reason: a request the child would refuse never reaches it, and none get
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -631,6 +630,7 @@ class _SchemaWalk:
             if nxt in seen:
                 raise self.fail(path, f"$ref {ref[:80]} is a cycle of references with no schema")
             seen.add(nxt)
+            _over(hops + len(seen), self.limits.ref_chain, "the schema's chain of $ref", path)
             if not nxt.startswith("#/"):
                 break
             follow = self.resolve(nxt, path)
@@ -995,6 +995,13 @@ class Triggers:
         )
 
 
-def dumps_size(value: Any) -> int:
-    """Bytes of ``value`` as JSON (for tests and the benchmark)."""
-    return len(json.dumps(value, separators=(",", ":")))
+# The chat-shaped routes, whose body the child parses as a chat completion first.
+_CHAT_SHAPED = ("chat", "responses", "messages")
+
+
+def check_exclusive(schema: str, payload: dict[str, Any]) -> None:
+    """A chat-shaped body with both ``json_schema`` and ``grammar``: the child's chat parser throws a
+    ``runtime_error`` ("Cannot use both json_schema and grammar", ``oaicompat_chat_params_parse``), which
+    it answers 500; the door says it is the client's."""
+    if schema in _CHAT_SHAPED and payload.get("json_schema") is not None and payload.get("grammar"):
+        raise FieldError("grammar", "cannot be sent with json_schema: choose one")

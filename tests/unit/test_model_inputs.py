@@ -212,3 +212,74 @@ async def test_the_gate_reads_them_and_the_snapshot_carries_them(tmp_path: Path)
     await start(sup)
     assert sup.state is State.READY
     assert sup.snapshot().inputs == ModelInputs(vision=True)
+
+
+# --- the one entry of every route ---------------------------------------------------------------------------
+
+
+def _check(schema: str, body: dict[str, Any], inputs: ModelInputs | None) -> None:
+    from proxy.schema import check_request
+    from proxy.settings import ProxySettings, TenantSettings
+    from tests.fakes.fake_upstream import snapshot_for
+
+    tenant = TenantSettings(name="t")
+    check_request(
+        schema, body, ProxySettings(tenants=(tenant,)), tenant, False, snapshot_for(None, None, inputs=inputs)
+    )
+
+
+def test_check_request_takes_what_the_model_takes_from_the_snapshot() -> None:
+    body = {"messages": [{"role": "user", "content": [IMAGE]}]}
+    with pytest.raises(FieldError):
+        _check("chat", dict(body), TEXT_ONLY)
+    _check("chat", dict(body), VISION)
+    _check("chat", dict(body), None)
+
+
+def test_json_schema_and_grammar_together_on_a_chat_route_are_the_clients_400() -> None:
+    # The child's chat parser throws a runtime_error for it, which it answers 500.
+    both = {"json_schema": {}, "grammar": 'root ::= "a"'}
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    for schema, body in (
+        ("chat", chat),
+        ("responses", {"input": "x"}),
+        ("messages", {**chat, "max_tokens": 1}),
+    ):
+        with pytest.raises(FieldError) as caught:
+            _check(schema, {**body, **both}, None)
+        assert caught.value.param == "grammar", schema
+    _check("completion", {"prompt": "x", "json_schema": {}, "grammar": 'root ::= "a"'}, None)
+
+
+async def test_an_unloaded_model_keeps_what_it_took_when_last_loaded() -> None:
+    # The door checks a request to an on-demand model before loading it: from the last load's reading.
+    import asyncio
+    from types import SimpleNamespace
+    from typing import cast
+
+    from supervisor.daemon.model_hosts import ModelHost
+    from tests.fakes.fake_upstream import snapshot_for
+
+    live = snapshot_for("http://child", "s", inputs=TEXT_ONLY)
+    sup = SimpleNamespace(
+        observers=[],
+        snapshot=lambda: live,
+        machine=SimpleNamespace(generation=1),
+        load_estimate_s=lambda: 1.0,
+    )
+    llama = SimpleNamespace(slots=1, ctx_per_slot=2048, embeddings=False, reranking=False)
+    prepared = SimpleNamespace(
+        spec=SimpleNamespace(alias="m", llama=llama), model=SimpleNamespace(shape=SimpleNamespace(n_vocab=10))
+    )
+    served = SimpleNamespace(name="m", on_demand=True, residency="on_demand")
+    host = ModelHost(
+        cast(Any, SimpleNamespace(served=served, prepared=prepared)),
+        lambda n, p: cast(Any, sup),
+        lambda h: None,
+    )
+    assert host.snapshot().inputs is None  # never loaded: unknown
+    host.task = asyncio.get_running_loop().create_future()  # running
+    assert host.snapshot().inputs == TEXT_ONLY
+    host.task.cancel()
+    unloaded = host.snapshot()
+    assert unloaded.state == "UNLOADED" and unloaded.inputs == TEXT_ONLY
