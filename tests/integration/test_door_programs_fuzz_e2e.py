@@ -10,9 +10,13 @@ patterns too. Each shape comes at a few sizes, below, at and past the door's bou
 ``response_format`` on chat, tool schemas on chat, Messages and Responses. The issue's crash (#26600:
 60,000 nested parentheses) and its variants (another rule name, one more parenthesis) go to every route.
 
-While they run, an admin's ``GET /slots`` (answered by the child's server loop between batches) is
-asked every 50 ms: its slowest answer is how long the loop was held. Counted: child deaths (the pid),
-5xx answers, requests without an answer, and loop stalls over the budget.
+And the issue's own shapes (the #26600 body on every route, a 100,000-member enum, an image part to a
+model without a projector, ``/infill`` without FIM tokens), 50 in a row: each refused naming what, an
+admin's ``/slots`` answered within the budget after each, the child READY with 0 restarts at the end.
+
+While the generated ones run, an admin's ``GET /slots`` (answered by the child's server loop between
+batches) is asked every 50 ms: its slowest answer is how long the loop was held. Counted: child deaths
+(the pid), 5xx answers, requests without an answer, and loop stalls over the budget.
 """
 
 from __future__ import annotations
@@ -294,4 +298,52 @@ def test_generated_programs_never_crash_hold_or_5xx_the_child(daemon_factory: Da
     assert any(s == 200 for _, s, _ in outcomes), "nothing passed the door: the fuzz would be vacuous"
     assert d.child_pid == pid
     code, ready = d.readyz()
-    assert code == 200 and ready["generation"] == generation and ready.get("restarts", 0) == 0, ready
+    assert code == 200 and ready["generation"] == generation and ready["restarts"] == 0, ready
+
+
+# --- the issue's shapes, 50 in a row ----------------------------------------------------------------------
+
+ENUM_100K = {"type": "string", "enum": [f"{i:05d} " + "x" * 20 for i in range(100_000)]}
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+
+
+def _issue_shapes() -> list[tuple[str, dict[str, Any], int, str]]:
+    """(route, body, status, what the refusal names) for items 2, 3 (the enum) and 4 of issue 54."""
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    chat_image = {**_base("/v1/chat/completions"), "messages": [{"role": "user", "content": [image]}]}
+    out: list[tuple[str, dict[str, Any], int, str]] = []
+    for route in ROUTES:
+        out.append((route, {**_base(route), "grammar": nested(60_000)}, 400, "grammar"))
+    out += [
+        ("/completion", {**_base("/completion"), "json_schema": ENUM_100K}, 400, "json_schema"),
+        ("/v1/chat/completions", chat_image, 400, "messages[0].content[0]"),
+        (
+            "/infill",
+            {"input_prefix": "def f():\n    return ", "input_suffix": "\n", "n_predict": 4},
+            404,
+            "/infill",
+        ),
+    ]
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_the_issues_shapes_50_in_a_row_leave_the_child_ready(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(CONFIG)
+    pid = d.child_pid
+    assert pid is not None
+    shapes = _issue_shapes()
+    admin = {"Authorization": f"Bearer {d.admin_key}"}
+    with httpx.Client(timeout=CLIENT_TIMEOUT_S, trust_env=False) as c:
+        for n in range(50):
+            route, body, status, names = shapes[n % len(shapes)]
+            r = c.post(d.base_url + route, json=body, headers={"Authorization": f"Bearer {d.inference_key}"})
+            where = f"#{n + 1} {route}: {r.status_code} {r.text[:200]}"
+            assert r.status_code == status and names in r.text, where
+            started = time.monotonic()
+            slots = c.get(d.base_url + "/slots", headers=admin)
+            assert slots.status_code == 200 and time.monotonic() - started < LOOP_BUDGET_S, where
+            assert not process_gone(pid), where
+    assert d.child_pid == pid
+    code, ready = d.readyz()
+    assert code == 200 and ready["state"] == "READY" and ready["restarts"] == 0, ready
