@@ -525,18 +525,32 @@ def measure_grammar(text: str, limits: GrammarLimits = GRAMMAR) -> None:
 _Todo = list[tuple[Any, str, int, int]]
 
 
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """What schemas measured so far in one request cost together: nodes, enum members, repetitions."""
+
+    nodes: int = 0
+    members: int = 0
+    repetitions: int = 0
+
+
 class _SchemaWalk:
     """``common_chat_schema_from_json``, walked with an explicit stack: the nodes it builds (a ``type``
     array once per type, each ``$ref`` target once per distinct reference), their depth, the ``$ref``
     hops, and what the converter will expand (enum members, repetitions, patterns)."""
 
-    def __init__(self, root: Any, limits: SchemaLimits) -> None:
+    def __init__(self, root: Any, limits: SchemaLimits, totals: Totals | None = None) -> None:
         self.root = root
         self.limits = limits
-        self.nodes = 0
-        self.members = 0
-        self.repetitions = 0
+        # Counts carried over from the schemas measured before in the same request (a request's tools).
+        start = totals or Totals()
+        self.nodes = start.nodes
+        self.members = start.members
+        self.repetitions = start.repetitions
         self.refs: set[str] = set()
+
+    def totals(self) -> Totals:
+        return Totals(self.nodes, self.members, self.repetitions)
 
     def fail(self, path: str, what: str) -> ProgramError:
         return ProgramError(what, path)
@@ -869,11 +883,14 @@ def _gbnf_escape(s: str, i: int) -> int:
     return 2 + digits
 
 
-def measure_schema(schema: Any, limits: SchemaLimits = SCHEMA) -> None:
-    """Refuse (``ProgramError``) a JSON schema the child's builder would refuse, or one over a bound."""
+def measure_schema(schema: Any, limits: SchemaLimits = SCHEMA, totals: Totals | None = None) -> Totals:
+    """Refuse (``ProgramError``) a JSON schema the child's builder would refuse, or one over a bound;
+    ``totals``: what schemas measured before cost, which this one's counts add to. Returns the sums."""
     if isinstance(schema, dict) and not schema:
-        return  # "any object"
-    _SchemaWalk(schema, limits).run()
+        return totals or Totals()  # "any object"
+    walk = _SchemaWalk(schema, limits, totals)
+    walk.run()
+    return walk.totals()
 
 
 # --- regular expressions (grammar triggers) ---------------------------------------------------------------
@@ -980,9 +997,15 @@ class Triggers:
     def check(self, value: Any, path: str, ctx: Context) -> None:
         self.items.check(value, path, ctx)
         for i, trigger in enumerate(value):
-            if trigger.get("type") in (2, 3) and isinstance(trigger.get("value"), str):
+            kind, text = trigger.get("type"), trigger.get("value")
+            if kind == 1 and isinstance(text, str) and len(text) > REGEX.length:
+                # A word becomes a pattern too (escaped), compiled and matched the same way.
+                raise FieldError(
+                    f"{path}[{i}].value", f"is a trigger word longer than {REGEX.length} characters"
+                )
+            if kind in (2, 3) and isinstance(text, str):
                 try:
-                    measure_regex(trigger["value"])
+                    measure_regex(text)
                 except ProgramError as err:
                     raise _refuse(
                         f"{path}[{i}].value", err, "is a trigger pattern the door refuses"
@@ -1005,3 +1028,38 @@ def check_exclusive(schema: str, payload: dict[str, Any]) -> None:
     it answers 500; the door says it is the client's."""
     if schema in _CHAT_SHAPED and payload.get("json_schema") is not None and payload.get("grammar"):
         raise FieldError("grammar", "cannot be sent with json_schema: choose one")
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """A request's tools: ``items`` checks each tool (its schema a ``JsonSchema`` on its own); then the
+    schemas at ``where`` in every tool are measured together, within one schema's bounds, since the child
+    builds one grammar of them all (the nodes, enum members and repetitions add up)."""
+
+    items: Value
+    where: tuple[str, ...]  # dotted paths of a tool's schema: "function.parameters", "input_schema"
+
+    def check(self, value: Any, path: str, ctx: Context) -> None:
+        self.items.check(value, path, ctx)
+        totals = Totals()
+        for i, tool in enumerate(value):
+            for where in self.where:
+                schema = _dig(tool, where)
+                if not isinstance(schema, dict):
+                    continue
+                try:
+                    totals = measure_schema(schema, totals=totals)
+                except ProgramError as err:
+                    what = "is a JSON schema the door refuses (all the tools' schemas count together)"
+                    raise _refuse(f"{path}[{i}].{where}", err, what) from None
+
+    def describe(self) -> str:
+        return f"{self.items.describe()} (their schemas together within one JSON schema's bounds)"
+
+
+def _dig(value: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value

@@ -19,7 +19,7 @@ from typing import Any
 
 from proxy.schema.fields import Field
 from proxy.schema.llama import LLAMA, logprob_limit
-from proxy.schema.programs import JsonSchema
+from proxy.schema.programs import JsonSchema, Tools
 from proxy.schema.values import (
     TOKEN,
     Arr,
@@ -83,13 +83,18 @@ _FUNCTION = Obj(
     {"name": Str(), "description": Str(), "parameters": JsonSchema()}, required=("name",), nulls=False
 )
 _TOOLS = Field(
-    Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+    Tools(
+        Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+        ("function.parameters",),
+    ),
     "functions the model may call ({type: function, function: {name, description, parameters}})",
 )
 # Responses and Anthropic tools have shapes of their own, converted by the child.
 # The child converts their parameters (Responses) or input_schema (Anthropic) as chat's.
 _OTHER_TOOLS = Field(
-    Arr(Obj({"parameters": JsonSchema(), "input_schema": JsonSchema()})),
+    Tools(
+        Arr(Obj({"parameters": JsonSchema(), "input_schema": JsonSchema()})), ("parameters", "input_schema")
+    ),
     "tools the model may call",
     nullable=False,
 )

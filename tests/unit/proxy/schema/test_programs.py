@@ -382,3 +382,26 @@ def test_a_word_trigger_is_not_a_pattern() -> None:
         "grammar_triggers": [{"type": 1, "value": "(" * 40}],
     }
     check_body("completion", body, CTX, "refuse")
+
+
+def test_a_requests_tools_count_together_as_the_child_builds_one_grammar_of_them() -> None:
+    # Each tool under the enum bound on its own, over it together.
+    half = {
+        "type": "object",
+        "properties": {"x": {"enum": [f"v{i}" for i in range(SCHEMA.enum_members // 2 + 1)]}},
+    }
+    chat = [{"type": "function", "function": {"name": f"f{i}", "parameters": half}} for i in range(2)]
+    check_body("chat", {"messages": [], "tools": chat[:1]}, CTX, "refuse")
+    err = _refusal("chat", {"messages": [], "tools": chat})
+    assert err.param == "tools[1].function.parameters" and "enum members" in str(err)
+    anthropic = [{"name": f"f{i}", "input_schema": half} for i in range(2)]
+    err = _refusal("messages", {"messages": [], "max_tokens": 1, "tools": anthropic})
+    assert err.param == "tools[1].input_schema"
+    responses = [{"type": "function", "name": f"f{i}", "parameters": half} for i in range(2)]
+    assert _refusal("responses", {"input": "x", "tools": responses}).param == "tools[1].parameters"
+
+
+def test_a_trigger_word_is_bounded_in_length() -> None:
+    trigger = {"type": 1, "value": "w" * 2000}
+    body = {"prompt": "x", "grammar": 'root ::= "a"', "grammar_lazy": True, "grammar_triggers": [trigger]}
+    assert _refusal("completion", body).param == "grammar_triggers[0].value"
