@@ -405,3 +405,15 @@ def test_a_trigger_word_is_bounded_in_length() -> None:
     trigger = {"type": 1, "value": "w" * 2000}
     body = {"prompt": "x", "grammar": 'root ::= "a"', "grammar_lazy": True, "grammar_triggers": [trigger]}
     assert _refusal("completion", body).param == "grammar_triggers[0].value"
+
+
+def test_a_larger_vocabulary_gets_proportionally_fewer_alternatives_and_enum_members() -> None:
+    # Gemma 3's 262,144 tokens against the demo model's 49,152 the bounds were measured with.
+    gemma = Context(TenantSettings(name="t"), admin=False, capacity=4, n_vocab=262_144)
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(200))
+    enum = {"enum": [f"v{i}" for i in range(200)]}
+    check_body("completion", {"prompt": "x", "grammar": grammar, "json_schema": enum}, CTX, "refuse")
+    for field, value in (("grammar", grammar), ("json_schema", enum)):
+        with pytest.raises(FieldError) as caught:
+            check_body("completion", {"prompt": "x", field: value}, gemma, "refuse")
+        assert "exceeds the limit of 93" in str(caught.value), caught.value
