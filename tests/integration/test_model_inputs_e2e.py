@@ -127,11 +127,8 @@ def test_media_parts_and_infill_are_refused_at_the_door_never_a_5xx(daemon_facto
             headers=headers,
         )
         assert r.status_code == 200, r.text
-    assert not process_gone(pid) and d.child_pid == pid
 
-
-def test_the_sdks_see_a_bad_request_naming_the_part(daemon_factory: DaemonFactory) -> None:
-    d = daemon_factory()
+    # The SDKs see a bad request naming the part.
     client = openai.OpenAI(base_url=d.base_url + "/v1", api_key=d.inference_key, max_retries=0)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
@@ -148,3 +145,4 @@ def test_the_sdks_see_a_bad_request_naming_the_part(daemon_factory: DaemonFactor
             messages=[{"role": "user", "content": [{"type": "image", "source": B64}]}],  # type: ignore[list-item]
         )
     assert "takes no image input" in str(refused.value)
+    assert not process_gone(pid) and d.child_pid == pid
