@@ -28,6 +28,24 @@ class SlotStates:
 
 
 @dataclass(frozen=True)
+class ModelInputs:
+    """What the loaded model takes beside text, as its child said at load: ``/props`` ``modalities``
+    (a projector loaded with ``--mmproj``), and whether its vocabulary has the fill-in-the-middle tokens
+    ``/infill`` needs (the child answers 501 when it does not). The door refuses the rest (400 naming the
+    part, 404 for ``/infill``) instead of passing the child's 500 or 501 to a client."""
+
+    vision: bool = False
+    audio: bool = False
+    video: bool = False
+    fim: bool = False
+
+    @property
+    def multimodal(self) -> bool:
+        """A projector is loaded (``multimodal_data`` in a prompt needs one, of any kind)."""
+        return self.vision or self.audio or self.video
+
+
+@dataclass(frozen=True)
 class UpstreamSnapshot:
     # Supervisor state name: STOPPED, STARTING, READY, UNHEALTHY, BACKOFF, STOPPING, FAILED.
     state: str
@@ -66,6 +84,8 @@ class UpstreamSnapshot:
     n_vocab: int | None = None
     # The conversations' disk tier of this child; None: off (``proxy.conversations.tier``).
     slot_states: SlotStates | None = None
+    # What the model takes beside text (read from the child at load); None: unknown, every part passes.
+    inputs: ModelInputs | None = None
 
 
 class UpstreamSource(Protocol):

@@ -10,6 +10,9 @@ the route's own error shape; an undeclared field is refused by default.
 - ``values``: the kinds a value may be (integer in a range, string, array of..., token id);
 - ``fields``: a declared field (value, doc, who may send it);
 - ``llama``: the pinned server's ``server-schema.cpp``, field by field;
+- ``programs``: the programs inside strings (a GBNF grammar, a JSON schema, a trigger pattern), read as
+  the child reads them and bounded in what they cost it;
+- ``media``: media parts and ``/infill`` against what the loaded model takes (read from it at load);
 - ``routes``: each route's fields (``SCHEMAS``), dialects included;
 - ``bounds``: the tenant's bounds that rewrite instead of refusing (token cap, prompt cache);
 - ``check``: ``check_request`` (``check_body`` with the request's bounds), the one call, made once per

@@ -22,6 +22,21 @@ class Advisory:
 
 _LAZY = {"prompt": "Say yes or no:", "n_predict": 4, "grammar": 'root ::= "yes" | "no"', "grammar_lazy": True}
 _CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+_PROMPT = {"prompt": "hi", "n_predict": 2}
+# ggml-org/llama.cpp #26600: 60,000 nested parentheses (about 120 KB) overflow the GBNF parser's stack.
+_DEEP = 60_000
+# A $ref cycle with no schema between, reached through allOf (``_visit_all_of`` follows it forever).
+_REF_CYCLE = {
+    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+    "allOf": [{"$ref": "#/$defs/a"}],
+}
+
+
+def _nested(depth: int, name: str = "root") -> str:
+    return (
+        f"{name} ::= " + "(" * depth + '"a"' + ")" * depth + ("" if name == "root" else f"\nroot ::= {name}")
+    )
+
 
 ADVISORIES: tuple[Advisory, ...] = (
     Advisory(
@@ -74,5 +89,36 @@ ADVISORIES: tuple[Advisory, ...] = (
         " the disk tier restores only files the gateway wrote, in its private 0700 folder, whose sha256"
         " recorded at save still matches (proxy/conversations/disk.py)",
         (("/slots/0?action=restore", {"filename": "../../etc/passwd"}),),
+    ),
+    Advisory(
+        "ggml-org/llama.cpp #26600",
+        "`grammar` (a GBNF grammar nested deep in parentheses)",
+        "the parser recurses twice per level with no depth counter: about 60,000 levels (120 KB) die with"
+        " SIGSEGV, 13,000 still parse; unfixed upstream (PR #26602 proposes a cap of 1000): the pin is"
+        " affected. The door's nesting bound can go when the pin includes that fix",
+        "the door reads the grammar as the child's parser does (`proxy.schema.programs`, iteratively) and"
+        " refuses one nested more than 1000 levels, with its other bounds (400 `invalid_field`)",
+        (
+            ("/completion", {**_PROMPT, "grammar": _nested(_DEEP)}),
+            ("/completion", {**_PROMPT, "grammar": _nested(_DEEP + 1)}),
+            ("/v1/completions", {**_PROMPT, "grammar": _nested(_DEEP, "expr")}),
+            ("/v1/chat/completions", {**_CHAT, "grammar": _nested(_DEEP)}),
+        ),
+    ),
+    Advisory(
+        "unreported (found for issue 54)",
+        "a JSON schema (`json_schema`, `response_format`, tool parameters) whose `allOf` names a `$ref`"
+        " cycle with no schema between",
+        "the converter's `allOf` (`_visit_all_of`) follows the references without end: 100 % of a core for"
+        " about a minute, then SIGSEGV (seen at the pin with a 130-byte schema)",
+        "the door reads the schema as the child's builder does and refuses a cycle of references with no"
+        " schema between, with its other bounds (400 `invalid_field`)",
+        (
+            ("/completion", {**_PROMPT, "json_schema": _REF_CYCLE}),
+            (
+                "/v1/chat/completions",
+                {**_CHAT, "response_format": {"type": "json_schema", "json_schema": {"schema": _REF_CYCLE}}},
+            ),
+        ),
     ),
 )

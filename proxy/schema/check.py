@@ -13,6 +13,8 @@ from typing import Any
 
 from proxy.schema.bounds import bound_generation
 from proxy.schema.fields import Field
+from proxy.schema.media import check_inputs
+from proxy.schema.programs import check_exclusive
 from proxy.schema.routes import SCHEMAS
 from proxy.schema.values import Context, FieldError, UnknownField
 from proxy.settings import ProxySettings, TenantSettings, UnknownPolicy
@@ -65,10 +67,14 @@ def check_request(
     generates: bool = False,
 ) -> bool:
     """``check_body`` for one request: its tenant's bounds, its child's slots and vocabulary, and the
-    unknown-field policy of its kind of key. The one entry of every route with a body."""
+    unknown-field policy of its kind of key; then what the model takes (media parts, ``/infill``). The
+    one entry of every route with a body."""
     bounds = Context(tenant, admin, snap.slots, snap.n_vocab)
     unknown = settings.admin_unknown_fields if admin else settings.unknown_fields
-    return check_body(schema, payload, bounds, unknown, generates=generates)
+    rewritten = check_body(schema, payload, bounds, unknown, generates=generates)
+    check_exclusive(schema, payload)
+    check_inputs(schema, payload, snap.inputs, snap.model_alias)
+    return rewritten
 
 
 def declared(schema: str) -> Mapping[str, Field]:

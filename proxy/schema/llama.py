@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from proxy.schema.fields import Field
+from proxy.schema.programs import Grammar, JsonSchema, Triggers
 from proxy.schema.values import (
     INT32,
     INT64,
@@ -166,8 +167,8 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
             Json(), "LoRA adapters and scales", who="nobody", why="the supervisor loads no LoRA adapters"
         ),
         "dry_sequence_breakers": Field(Arr(Str(), min_items=1), "DRY sequence breakers"),
-        "json_schema": Field(Either((Obj(), Bool())), "constrain the output to a JSON schema"),
-        "grammar": Field(Str(), "constrain the output to a GBNF grammar"),
+        "json_schema": Field(JsonSchema(allow_bool=True), "constrain the output to a JSON schema"),
+        "grammar": Field(Grammar(), "constrain the output to a GBNF grammar"),
         "grammar_lazy": Field(Bool(), "apply the grammar only once a trigger appears"),
         "chat_format": Field(Json(), "chat format", who="nobody", why=_INTERNAL),
         # Not null: the chat parser reads it whenever the key is present (``body.at(...).get<string>``).
@@ -182,7 +183,7 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
         ),
         "echo": Field(Bool(), "echo the prompt in the answer"),
         "preserved_tokens": Field(_NAMES, "token strings never split"),
-        "grammar_triggers": Field(Arr(TRIGGER), "what starts a lazy grammar"),
+        "grammar_triggers": Field(Triggers(Arr(TRIGGER)), "what starts a lazy grammar"),
         "reasoning_control": Field(Bool(), "reasoning can be ended at run time"),
         "reasoning_budget_tokens": _num("tokens of reasoning (-1: no budget)", -1),
         "reasoning_budget_start_tag": Field(Str(), "start of the reasoning section"),

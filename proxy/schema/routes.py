@@ -19,6 +19,7 @@ from typing import Any
 
 from proxy.schema.fields import Field
 from proxy.schema.llama import LLAMA, logprob_limit
+from proxy.schema.programs import JsonSchema, Tools
 from proxy.schema.values import (
     TOKEN,
     Arr,
@@ -78,13 +79,25 @@ def _sdk_only(*names: str) -> dict[str, Field]:
 
 _MESSAGES = Field(Arr(Obj()), "the conversation", nullable=False)
 # Chat's tools as ``common_chat_tools_parse_oaicompat`` reads them: any other shape is the child's 500.
-_FUNCTION = Obj({"name": Str(), "description": Str(), "parameters": Obj()}, required=("name",), nulls=False)
+_FUNCTION = Obj(
+    {"name": Str(), "description": Str(), "parameters": JsonSchema()}, required=("name",), nulls=False
+)
 _TOOLS = Field(
-    Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+    Tools(
+        Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+        ("function.parameters",),
+    ),
     "functions the model may call ({type: function, function: {name, description, parameters}})",
 )
 # Responses and Anthropic tools have shapes of their own, converted by the child.
-_OTHER_TOOLS = Field(Arr(Obj()), "tools the model may call", nullable=False)
+# The child converts their parameters (Responses) or input_schema (Anthropic) as chat's.
+_OTHER_TOOLS = Field(
+    Tools(
+        Arr(Obj({"parameters": JsonSchema(), "input_schema": JsonSchema()})), ("parameters", "input_schema")
+    ),
+    "tools the model may call",
+    nullable=False,
+)
 _TOOL_CHOICE = Field(Either((Str(), Obj())), "auto, none, required, or one tool")
 _OTHER_CHOICE = Field(Either((Str(), Obj())), "auto, none, any, or one tool", nullable=False)
 _MODEL = Field(Str(), "the model's name or alias")
@@ -114,7 +127,13 @@ CHAT = _fields(
     tool_choice=_TOOL_CHOICE,
     parallel_tool_calls=Field(Bool(), "several tool calls in one answer"),
     response_format=Field(
-        Obj({"type": Str(("text", "json_object", "json_schema")), "json_schema": Obj(), "schema": Obj()}),
+        Obj(
+            {
+                "type": Str(("text", "json_object", "json_schema")),
+                "json_schema": Obj({"schema": JsonSchema()}),
+                "schema": JsonSchema(),
+            }
+        ),
         "text, json_object or json_schema",
     ),
     chat_template_kwargs=Field(Obj(), "extra arguments of the chat template"),

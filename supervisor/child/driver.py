@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.source import UpstreamSnapshot
+from proxy.source import ModelInputs, UpstreamSnapshot
 from supervisor.child.gate import readiness_gate
 from supervisor.child.loading import LOAD_SAMPLE_S, LoadProgress, LoadTimes
 from supervisor.child.log import LineFilter, first_error, is_error, is_noise
@@ -130,6 +130,7 @@ class _Child:
     returncode: int | None = None
     progress: tuple[float, float, int] | None = None  # (when, CPU seconds, bytes read)
     load: LoadProgress | None = None
+    inputs: ModelInputs | None = None  # what the model takes beside text, read by the readiness gate
     output_seen: asyncio.Event = field(default_factory=asyncio.Event)
     scrub: LineFilter = field(default_factory=LineFilter)
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -267,6 +268,7 @@ class ChildSupervisor:
             info=self._public_status(),
             n_vocab=self.n_vocab,
             slot_states=spec.slot_states,
+            inputs=child.inputs if live and child else None,
             **self._load_view(),
         )
 
@@ -633,7 +635,7 @@ class ChildSupervisor:
 
     async def _gate(self, child: _Child) -> None:
         try:
-            await readiness_gate(
+            child.inputs = await readiness_gate(
                 self.probes,
                 child.base_url,
                 child.secret,

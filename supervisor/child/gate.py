@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
+from proxy.source import ModelInputs
 from supervisor.child import probes
 from supervisor.child.loading import Step
 from supervisor.child.osseam import Probes, ProbeUnreachable, ProbeWrongAnswer, ServedModel
@@ -72,6 +73,9 @@ class HttpProbes:
         except httpx.HTTPError as exc:
             raise ProbeUnreachable(f"one-token completion: {type(exc).__name__}") from None
 
+    async def inputs(self, base_url: str, secret: str) -> ModelInputs | None:
+        return await probes.get_inputs(self._client, base_url, secret)
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -110,9 +114,10 @@ async def readiness_gate(
     ctx_per_slot: int,
     wake: asyncio.Event | None = None,
     on_step: Callable[[Step], None] | None = None,
-) -> None:
+) -> ModelInputs | None:
     """Return once all three gates pass; raise ``ProbeWrongAnswer``/``ProbeUnreachable`` otherwise.
-    ``on_step`` hears each step after the first as it begins (the load's progress shows them)."""
+    ``on_step`` hears each step after the first as it begins (the load's progress shows them). Returns
+    what the model takes beside text (``read_inputs``), for the request schema."""
     step = on_step or (lambda name: None)
     await wait_health_200(p, base_url, wake=wake)
     step("models")
@@ -127,3 +132,11 @@ async def readiness_gate(
         )
     step("decode")
     await p.one_token(base_url, secret)
+    return await read_inputs(p, base_url, secret)
+
+
+async def read_inputs(p: Probes, base_url: str, secret: str) -> ModelInputs | None:
+    """What the model takes beside text (``/props`` modalities, FIM tokens), read once per child before it
+    is READY, so that no request reaches it before the door knows; None (every part passes) when the
+    child does not say."""
+    return await p.inputs(base_url, secret)

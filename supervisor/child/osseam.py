@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from proxy.source import ModelInputs
 from supervisor.child.loading import FileStamp
 from supervisor.child.probes import ServedModel
 
@@ -84,6 +85,10 @@ class Probes(Protocol):
     async def models(self, base_url: str, secret: str) -> list[ServedModel]: ...
 
     async def one_token(self, base_url: str, secret: str) -> None: ...
+
+    async def inputs(self, base_url: str, secret: str) -> ModelInputs | None:
+        """What the loaded model takes beside text (media, FIM); None when the child does not say."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from proxy.source import ModelInputs
 from supervisor.errors import CheckFailed
 
 
@@ -153,3 +154,36 @@ async def one_token_completion(
     if not isinstance(text, str) or not isinstance(tokens, int) or tokens != 1:
         raise ProbeError(what, f"expected 1 generated token, got {tokens!r}", response.status_code)
     return OneToken(text=text, completion_tokens=tokens, seconds=seconds)
+
+
+async def get_inputs(
+    client: httpx.AsyncClient, base_url: str, secret: str, *, timeout_s: float = 5.0
+) -> ModelInputs | None:
+    """What the loaded model takes beside text, or None when the child does not say (an older or a fake
+    server): ``GET /props`` ``modalities``, and whether ``/infill`` is served. The pinned ``/infill``
+    checks the vocabulary's FIM tokens first (501 without them) and refuses ``input_extra`` that is not an
+    array next (400), both before any work: so a body with ``input_extra: 0`` asks exactly that question,
+    as llama.cpp itself decides it (its vocabulary reads FIM tokens from the GGUF keys and, failing
+    those, from token texts such as ``<|fim_prefix|>``)."""
+    headers = _auth(secret)
+    try:
+        props = await client.get(f"{base_url}/props", headers=headers, timeout=timeout_s)
+        infill = await client.post(
+            f"{base_url}/infill", json={"input_extra": 0}, headers=headers, timeout=timeout_s
+        )
+    except httpx.HTTPError:
+        return None
+    if props.status_code != 200 or infill.status_code not in (400, 501):
+        return None
+    try:
+        modalities = props.json().get("modalities")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(modalities, dict):
+        return None
+    return ModelInputs(
+        vision=modalities.get("vision") is True,
+        audio=modalities.get("audio") is True,
+        video=modalities.get("video") is True,
+        fim=infill.status_code == 400,
+    )

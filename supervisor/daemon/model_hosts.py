@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.errors import Conflict, NotReady
-from proxy.source import UpstreamSnapshot
+from proxy.source import ModelInputs, UpstreamSnapshot
 from supervisor.budget.plan import MIB
 from supervisor.child.driver import ChildSupervisor, StateObserver, TickHook
 from supervisor.child.machine import State
@@ -64,6 +64,9 @@ class ModelHost:
         self.loads = 0
         self.last_load_s: float | None = None
         self.unloaded_reason = "not loaded: on_demand, loads on its first request"
+        # What the model took beside text when it was last loaded: the door checks a request to an
+        # unloaded model before loading it (``proxy.schema.media``).
+        self.last_inputs: ModelInputs | None = None
         # The set's usable memory and its lock around loads and unloads (``ModelSet.add`` sets both).
         self.usable_bytes: int | None = None
         self.lock: asyncio.Lock | None = None
@@ -162,7 +165,9 @@ class ModelHost:
         info = {"residency": self.served.residency}
         if self.running and not self.unloading:
             snap = self.sup.snapshot()
-            return replace(snap, info={**snap.info, **info})
+            if snap.inputs is not None:
+                self.last_inputs = snap.inputs
+            return replace(snap, info={**snap.info, **info}, inputs=snap.inputs or self.last_inputs)
         spec = self.prepared.spec
         return UpstreamSnapshot(
             state="UNLOADED",
@@ -179,6 +184,7 @@ class ModelHost:
             reranking=spec.llama.reranking,
             info=info,
             n_vocab=self.prepared.model.shape.n_vocab,
+            inputs=self.last_inputs,
         )
 
     def _load_estimate(self) -> float:

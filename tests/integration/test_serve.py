@@ -138,10 +138,10 @@ def test_openai_sdk_through_the_daemon(daemon_factory: DaemonFactory) -> None:
 
 
 def test_request_text_that_llama_server_echoes_never_reaches_the_log(daemon_factory: DaemonFactory) -> None:
-    # A bad grammar passes the proxy (valid JSON, a string field) and makes llama-server print it whole at
-    # its default verbosity. A lone surrogate, which nlohmann::json refuses quoting what it last read, no
-    # longer reaches the child: the proxy refuses it (400) itself. The daemon logs the child's lines at
-    # DEBUG here.
+    # A bad grammar that passes the door (its reader checks structure, not the vocabulary: a named token
+    # that is no single token) makes llama-server print it whole at its default verbosity. A lone
+    # surrogate, which nlohmann::json refuses quoting what it last read, no longer reaches the child: the
+    # proxy refuses it (400) itself. The daemon logs the child's lines at DEBUG here.
     d = daemon_factory()
     headers = {"Authorization": f"Bearer {d.inference_key}", "Content-Type": "application/json"}
     surrogate = (
@@ -150,7 +150,7 @@ def test_request_text_that_llama_server_echoes_never_reaches_the_log(daemon_fact
     )
     grammar = (
         b'{"model": "smollm2-135m-instruct", "prompt": "hi", "max_tokens": 2, '
-        b'"grammar": "root ::= GRAMMAR-CANARY-5e1d"}'
+        b'"grammar": "root ::= <GRAMMAR-CANARY-5e1d>"}'
     )
     url = f"{d.base_url}/v1/completions"
     r = httpx.post(url, content=surrogate, headers=headers, trust_env=False, timeout=120)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.source import ModelInputs
 from supervisor.child.driver import ChildSupervisor
 from supervisor.child.loading import FileStamp
 from supervisor.child.machine import State, Stop, Tick
@@ -104,6 +105,7 @@ class FakeProbes:
         self.n_ctx = 4096
         self.loop_held = False
         self.calls: list[str] = []
+        self.model_inputs: ModelInputs | None = None  # what the gate reads after the decode step
 
     async def health(self, base_url: str, timeout_s: float) -> int:
         self.calls.append("health")
@@ -122,6 +124,9 @@ class FakeProbes:
 
     async def one_token(self, base_url: str, secret: str) -> None:
         self.calls.append("one_token")
+
+    async def inputs(self, base_url: str, secret: str) -> ModelInputs | None:
+        return self.model_inputs
 
     async def aclose(self) -> None:
         return None

@@ -56,6 +56,7 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "store_write",
         "schema",
         "loop_gap",
+        "program_cost",
     }
     assert moved == _moved_benchmarks() == benchmarks
 
