@@ -5,7 +5,8 @@ One private folder per served model and identity: ``STATE_DIR/ALIAS-IDENTITY16``
 too when we make them), passed to the child as ``--slot-save-path``. The identity is a digest of what a
 saved sequence state depends on: the binary and the model by sha256 (the file format and the KV cells'
 meaning), the context per slot (a restore must fit the slot), the KV cache types (the cells' layout) and
-``extra_args`` (anything there may change the cache: ``-fa``, ``--swa-full``...). Threads, slot count,
+``extra_args`` (anything there may change the cache: ``-fa``, ``--swa-full``...), and ``--swa-full``
+when llamagate adds it (a sliding-window model's full-size cache: budget/window.py). Threads, slot count,
 the RAM cache and the chat template change nothing a saved state means: a reload that changes only
 them keeps every conversation's state. A child of another identity gets another folder, so its
 states never meet the old ones; the folder of an identity no longer served is removed at start
@@ -65,9 +66,15 @@ def root_for(cfg: Config) -> Path:
 
 
 def state_identity(
-    binary_sha256: str, model_sha256: str, ctx_per_slot: int, type_k: str, type_v: str, extra: tuple[str, ...]
+    binary_sha256: str,
+    model_sha256: str,
+    ctx_per_slot: int,
+    type_k: str,
+    type_v: str,
+    extra: tuple[str, ...],
+    swa_full: bool = False,
 ) -> str:
-    record = {
+    record: dict[str, object] = {
         "binary": binary_sha256,
         "model": model_sha256,
         "ctx_per_slot": ctx_per_slot,
@@ -75,12 +82,16 @@ def state_identity(
         "cache_type_v": type_v,
         "extra_args": list(extra),
     }
+    if swa_full:  # only then, so the identities of models without a sliding window stay as they were
+        record["swa_full"] = True
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) -> DiskPlan:
+def plan_disk(
+    cfg: Config, alias: str, binary_sha256: str, model_sha256: str, *, swa_full: bool = False
+) -> DiskPlan:
     """The folder and budget of the model ``alias`` served by ``cfg`` (its llama: section), or why none;
-    creates nothing."""
+    creates nothing. ``swa_full``: llamagate adds --swa-full to the child (part of the identity)."""
     llama = cfg.llama
     mib = llama.state_disk_mib
     if mib == 0:
@@ -92,6 +103,7 @@ def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) ->
         llama.cache_type_k,
         llama.cache_type_v,
         tuple(llama.extra_args),
+        swa_full,
     )
     folder = root_for(cfg) / f"{alias}-{identity[:16]}"
     budget = (mib or DEFAULT_MIB) * MIB
