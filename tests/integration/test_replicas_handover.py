@@ -17,8 +17,8 @@ import pytest
 
 from supervisor.bench.nginx import Nginx, start_nginx
 from supervisor.config.keys import ADMIN, new_key_config
+from tests.helpers.exposition import sample
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
-from tests.integration.test_disk_tier_e2e import metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_tool("nginx", "nginx-js")]
 
@@ -34,6 +34,13 @@ class Replicas:
     def by_addr(self, addr: str) -> Daemon:
         (d,) = [d for d in self.daemons if f"127.0.0.1:{d.port}" == addr]
         return d
+
+    def restores(self, d: Daemon) -> float:
+        """States restored from disk on ``d`` (its /metrics, with the replicas' shared key)."""
+        r = httpx.get(d.base_url + "/metrics", headers=self.headers, timeout=30, trust_env=False)
+        r.raise_for_status()
+        name = "llamagate_conversation_state_restores_total"
+        return sample(r.text, name, model=MODEL, tenant="default") or 0.0
 
     def turn(self, client: httpx.Client, messages: list[dict[str, str]]) -> tuple[dict[str, Any], str]:
         """One turn through nginx: the answer, and the replica that gave it (nginx's access log)."""
@@ -99,7 +106,7 @@ def test_a_conversation_whose_replica_leaves_resumes_on_the_next_from_the_shared
     taker = replicas.by_addr(homes[2])
     assert homes[2] != homes[0], "the third turn went to the replica that took the conversation"
     cached = int(usage["prompt_tokens_details"]["cached_tokens"])
-    restores = metric(taker, "llamagate_conversation_state_restores_total", tenant="default")
+    restores = replicas.restores(taker)
     if shared:
         # Restored on the replica that took it, from the folder the leaving one saved it to.
         assert restores == 1
