@@ -373,7 +373,13 @@ def prepare(
     )
     budget, disk = window.budget, window.disk
     if not budget.fits:
-        raise Misconfigured(budget.refusal())
+        why = budget.refusal()
+        if window.choice.added:  # neither cache fits: say where the full one comes from
+            why += (
+                "; the KV state counts --swa-full, added because the disk tier is on for this sliding-window"
+                " model (llama.state_disk_mib: 0 turns both off)"
+            )
+        raise Misconfigured(why)
     shape = model.shape
     if shape.n_ctx_train is not None and cfg.llama.ctx_per_slot > shape.n_ctx_train:
         log.warning(

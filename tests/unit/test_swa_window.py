@@ -20,6 +20,7 @@ from supervisor.budget.window import WHY_NO_ROOM, WHY_TIER, slides
 from supervisor.cli import main
 from supervisor.config.schema import Config
 from supervisor.daemon.state_disk import plan_disk
+from supervisor.errors import Misconfigured
 from supervisor.launch.flags import build_argv
 from supervisor.progress import NullProgress
 from tests.unit.test_budget import full_shape, write_gguf
@@ -127,3 +128,10 @@ def test_plan_shows_the_choice_and_its_memory(tmp_path: Path, capsys: pytest.Cap
     assert main(["plan", "--json", "--config", str(path)]) == 0
     window = json.loads(capsys.readouterr().out)["sliding_window"]
     assert window["swa_full"] and window["added"] and window["extra_bytes"] == -150 * MIB
+
+
+def test_a_refusal_says_the_full_cache_was_added_for_the_tier(tmp_path: Path) -> None:
+    cfg = config(tmp_path, gemma_like(tmp_path / "g.gguf"))
+    cfg = replace(cfg, supervision=replace(cfg.supervision, memory_headroom_mib=2**30))
+    with pytest.raises(Misconfigured, match="counts --swa-full, added because the disk tier is on"):
+        prepared(cfg, tmp_path)
