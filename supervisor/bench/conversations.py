@@ -85,6 +85,8 @@ class TargetResult:
     event_turn: int | None = None  # the 0-based turn right after the event
     # A daemon's disk tier at the end (its /metrics: saves, restores, bytes, seconds, misses); None: bare.
     tier: dict[str, float] | None = None
+    # ``handover``: the conversations whose replica left the ring at the event (None: another event).
+    moved: list[int] | None = None
 
     def later(self) -> list[Turn]:
         return [t for t in self.turns if t.turn > 0]
@@ -119,11 +121,22 @@ class TargetResult:
         after = [t for t in self.turns if t.turn == self.event_turn]
         cached = sum(t.cached_tokens for t in after)
         reusable = sum(min(t.reusable_tokens, t.prompt_tokens) for t in after)
-        return {
+        out: dict[str, Any] = {
             "event": self.event,
             "after_event_of_reusable": cached / reusable if reusable else 0.0,
             "after_event_turns": len(after),
         }
+        if self.moved is not None:
+            # From the event on: the moved conversations' turns, and the others' (they stayed put).
+            since = [t for t in self.turns if t.turn >= (self.event_turn or 0)]
+            moved = [t for t in since if t.conversation in self.moved]
+            stayed = [t for t in since if t.conversation not in self.moved]
+            for name, turns in (("moved", moved), ("stayed", stayed)):
+                cached = sum(t.cached_tokens for t in turns)
+                reusable = sum(min(t.reusable_tokens, t.prompt_tokens) for t in turns)
+                out[f"{name}_conversations"] = len({t.conversation for t in turns})
+                out[f"{name}_of_reusable"] = cached / reusable if reusable else 0.0
+        return out
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -136,9 +149,8 @@ def run(
     return asyncio.run(_run(target, name, work, progress or NullProgress(), event))
 
 
-async def _run(
-    target: Target, name: str, work: Workload, progress: Progress, event: Event | None
-) -> TargetResult:
+def _texts(work: Workload) -> tuple[str, list[str], list[list[str]]]:
+    """The workload's system prompt, each conversation's opening and its follow-ups."""
     rng = random.Random(work.seed)  # noqa: S311 - a reproducible workload, not a secret
     # About one token per word of this list; the counts recorded are the child's own.
     system = "You are a helpful assistant for a small town. " + _text(rng, work.system_tokens - 10)
@@ -146,6 +158,19 @@ async def _run(
     follow_ups = [
         [_text(rng, work.user_tokens) for _ in range(work.turns)] for _ in range(work.conversations)
     ]
+    return system, openings, follow_ups
+
+
+def openings(work: Workload) -> list[list[dict[str, str]]]:
+    """Each conversation's first messages (the system prompt and its opening): what names it."""
+    system, first, _ = _texts(work)
+    return [[{"role": "system", "content": system}, {"role": "user", "content": f}] for f in first]
+
+
+async def _run(
+    target: Target, name: str, work: Workload, progress: Progress, event: Event | None
+) -> TargetResult:
+    system, openings, follow_ups = _texts(work)
     result = TargetResult(name)
     gate = asyncio.Semaphore(work.concurrency)
     done = 0
@@ -259,6 +284,20 @@ def markdown(results: Sequence[TargetResult], work: Workload, notes: Sequence[st
         for r in events:
             s = r.summary()
             lines.append(f"| {r.target} | {r.event} | {100 * s['after_event_of_reusable']:.0f} % |")
+    handed = [r for r in results if r.moved is not None]
+    if handed:
+        lines += [
+            "",
+            "| target | conversations moved | moved: of the reusable maximum"
+            " | stayed: of the reusable maximum |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in handed:
+            s = r.summary()
+            lines.append(
+                f"| {r.target} | {s['moved_conversations']} of {work.conversations} | "
+                f"{100 * s['moved_of_reusable']:.1f} % | {100 * s['stayed_of_reusable']:.1f} % |"
+            )
     lines += ["", *notes]
     return "\n".join(lines) + "\n"
 

@@ -35,8 +35,9 @@ CONVERSATION_JS = SHIPPED_CONF.with_name("conversation.js")
 # /etc/nginx/modules-enabled).
 JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 # One access-log line per request: status, every replica tried and what each answered (nginx lists them
-# comma-separated in order), so a test can see a refusal being retried on the next replica.
-ACCESS_FORMAT = "$status|$upstream_addr|$upstream_status|$request_time"
+# comma-separated in order), so a test can see a refusal being retried on the next replica; and the
+# conversation id the hash used (conversation.js), so a benchmark can tell where each conversation went.
+ACCESS_FORMAT = "$status|$upstream_addr|$upstream_status|$request_time|$llamagate_conversation"
 
 _REPLICA = re.compile(r"^[ \t]*server[ \t]+\S+[^\n]*#[ \t]*replica[ \t]*\n", re.MULTILINE)
 _LISTEN = re.compile(r"^([ \t]*)listen[ \t]+\S+;", re.MULTILINE)
@@ -119,6 +120,7 @@ class AccessRecord:
     status: int
     tried: list[str]  # replica addresses, in the order nginx tried them
     answers: list[str]  # what each tried replica answered ("429", "200", "502", "-")
+    conversation: str = ""  # the conversation id nginx hashed ("" when the request had none)
 
 
 @dataclass
@@ -137,13 +139,14 @@ class Nginx:
         if not path.exists():
             return out
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            parts = line.split("|")
-            if len(parts) != 4 or not parts[0].isdigit():
+            parts = line.split("|", 4)
+            if len(parts) < 4 or not parts[0].isdigit():
                 continue
             # Several tries read "a:1, b:2" (", " between tries; " : " between upstream groups).
             tried = [p for p in re.split(r"[,:]\s+", parts[1].strip()) if p]
             answers = [p for p in re.split(r"[,:]\s+", parts[2].strip()) if p]
-            out.append(AccessRecord(int(parts[0]), tried, answers))
+            conversation = parts[4].strip() if len(parts) > 4 and parts[4].strip() != "-" else ""
+            out.append(AccessRecord(int(parts[0]), tried, answers, conversation))
         return out
 
     def error_log(self) -> str:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from supervisor.artifacts.build import find_installed
 from supervisor.artifacts.files import sha256_file
+from supervisor.budget.window import WindowChoice
 from supervisor.commands.config import add_config_argument
 from supervisor.config.load import load_config, resolve_config_path
 from supervisor.config.models import is_multi, served_models
 from supervisor.config.schema import Config
 from supervisor.daemon.deploy_hints import ServiceLimits
-from supervisor.daemon.prepare import Binary, budget_for, devices_for, launch_spec, resolve_model
-from supervisor.daemon.state_disk import DiskPlan, plan_disk
+from supervisor.daemon.prepare import Binary, devices_for, launch_spec, plan_window, resolve_model
+from supervisor.daemon.state_disk import DiskPlan
 from supervisor.errors import UsageError
 from supervisor.launch.flags import build_argv
 from supervisor.paths import default_lock_path
@@ -54,13 +55,13 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         installed = find_installed(cfg.llama.lock or default_lock_path(), variant=cfg.llama.variant)
         binary_path = installed.path if installed else None
-    budget = budget_for(cfg, model, devices=devices_for(cfg, binary_path))
     shown = binary_path or Path(
         f"llama-server(not built yet: `llamagate build --variant {cfg.llama.variant}`)"
     )
     spec = launch_spec(cfg, Binary(shown, "", None), model)
-    disk = plan_disk(cfg, spec.alias, _digest(binary_path), model.sha256)
-    spec = replace(spec, slot_states=disk.states)
+    window = plan_window(cfg, model, spec.alias, _digest(binary_path), devices=devices_for(cfg, binary_path))
+    budget, disk = window.budget, window.disk
+    spec = replace(spec, slot_states=disk.states, swa_full=window.choice.added)
     argv = build_argv(spec)
     argv[argv.index("--port") + 1] = "<free port>"
     if args.systemd or args.kubernetes:
@@ -79,6 +80,7 @@ def _plan(args: argparse.Namespace) -> int:
             "model": str(model.path),
             "state_disk": disk.record(),
             "watchdog": _watchdog(cfg),
+            "sliding_window": window.choice.record(),
         }
         print(json.dumps(out, indent=2))
     else:
@@ -92,6 +94,7 @@ def _plan(args: argparse.Namespace) -> int:
         print("fits" if budget.fits else budget.refusal())
         print(disk.line(spec.alias) + _on_disk(disk, budget.state_1k_bytes))
         print(_watchdog_line(cfg))
+        print(window.choice.line())
     return 0 if budget.fits else 1
 
 
@@ -102,6 +105,7 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         raise UsageError("--systemd/--kubernetes limits are for one model; with models: use plain plan")
     rows = []
     disks: dict[str, DiskPlan] = {}
+    windows: dict[str, WindowChoice] = {}
     for served in served_models(cfg):
         model = resolve_model(served.cfg, progress=ConsoleProgress())
         llama = served.cfg.llama
@@ -109,13 +113,20 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
             None if llama.binary else find_installed(llama.lock or default_lock_path(), variant=llama.variant)
         )
         binary = llama.binary or (installed.path if installed else None)
-        budget = budget_for(served.cfg, model, devices=devices_for(served.cfg, binary))
         spec = launch_spec(served.cfg, Binary(Path("llama-server"), "", None), model)
-        disk = plan_disk(served.cfg, spec.alias, _digest(served.cfg.llama.binary), model.sha256)
-        argv = build_argv(replace(spec, slot_states=disk.states))
+        window = plan_window(
+            served.cfg,
+            model,
+            spec.alias,
+            _digest(served.cfg.llama.binary),
+            devices=devices_for(served.cfg, binary),
+        )
+        budget, disk = window.budget, window.disk
+        argv = build_argv(replace(spec, slot_states=disk.states, swa_full=window.choice.added))
         argv[argv.index("--port") + 1] = "<free port>"
         rows.append((served, budget, argv))
         disks[served.name] = disk
+        windows[served.name] = window.choice
     always = sum(b.required_bytes for s, b, _ in rows if not s.on_demand)
     largest = max((b.required_bytes for s, b, _ in rows if s.on_demand), default=0)
     need, usable = always + largest, min(b.usable_bytes for _, b, _ in rows)
@@ -128,6 +139,7 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
                     "budget": b.as_dict(),
                     "argv": a,
                     "state_disk": disks[s.name].record(),
+                    "sliding_window": windows[s.name].record(),
                 }
                 for s, b, a in rows
             },
@@ -147,6 +159,7 @@ def _plan_models(args: argparse.Namespace, cfg: Config) -> int:
         print(
             f"  {disks[served.name].line(served.name)}{_on_disk(disks[served.name], budget.state_1k_bytes)}"
         )
+        print(f"  {windows[served.name].line()}")
     print(
         f"every always model + the largest on_demand one: {need / mib:,.0f} MiB needed,"
         f" {usable / mib:,.0f} MiB usable"

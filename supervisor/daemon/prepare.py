@@ -22,6 +22,7 @@ from supervisor.artifacts.receipt import RECEIPT_NAME, Receipt, read_receipt
 from supervisor.budget.devices import Devices, list_devices
 from supervisor.budget.gguf_info import ModelShape, read_shape
 from supervisor.budget.plan import MIB, Budget, Offload, plan_budget
+from supervisor.budget.window import WHY_NO_ROOM, WindowChoice, choose, slides
 from supervisor.config.schema import Config
 from supervisor.daemon.identity import host_identity, served_identity
 from supervisor.daemon.state_disk import OFF, DiskPlan, make_folder, plan_disk
@@ -58,6 +59,8 @@ class Prepared:
     identity: dict[str, object]
     # The conversations' states on disk: its folder and budget (in ``spec.slot_states``), or why none.
     disk: DiskPlan = OFF
+    # A sliding-window model's cache: --swa-full or not, and what it costs (budget/window.py).
+    window: WindowChoice | None = None
 
 
 def _build_facts(receipt: Receipt) -> dict[str, object]:
@@ -188,10 +191,14 @@ def budget_for(
     available: int | None = None,
     extra_available: int = 0,
     devices: Devices | None = None,
+    swa_full: bool | None = None,
 ) -> Budget:
-    """``devices``: from ``devices_for``; with layers offloaded and None, the device is not known."""
+    """``devices``: from ``devices_for``; with layers offloaded and None, the device is not known.
+    ``swa_full``: the full-size cache of a sliding-window model (``plan_window``); None: as extra_args
+    says."""
     llama = cfg.llama
-    swa_full, n_ubatch = budget_flags(llama.extra_args)
+    given, n_ubatch = budget_flags(llama.extra_args)
+    swa_full = given if swa_full is None else swa_full
     offload = None
     if offloads(cfg):
         known = devices or Devices((), "the devices were not listed")
@@ -217,6 +224,63 @@ def budget_for(
         n_ubatch=n_ubatch,
         offload=offload,
     )
+
+
+@dataclass(frozen=True)
+class Window:
+    """The budget, the disk plan and the sliding-window choice, decided together (``plan_window``)."""
+
+    budget: Budget
+    disk: DiskPlan
+    choice: WindowChoice
+
+
+def plan_window(
+    cfg: Config,
+    model: Model,
+    alias: str,
+    binary_sha256: str,
+    *,
+    available: int | None = None,
+    extra_available: int = 0,
+    devices: Devices | None = None,
+) -> Window:
+    """The disk tier and the memory budget with what makes a sliding-window model's restores work:
+    --swa-full when the tier is on (budget/window.py says why). When the full cache does not fit and
+    the windowed one does, the tier is off for this model instead. Creates nothing."""
+    given, _ = budget_flags(cfg.llama.extra_args)
+    adds = slides(model.shape) and not given  # the identity of a folder whose child gets --swa-full
+    disk = plan_disk(cfg, alias, binary_sha256, model.sha256, swa_full=adds)
+    full, added, why = choose(model.shape, tier_on=disk.states is not None, given=given)
+
+    def budget(swa_full: bool) -> Budget:
+        return budget_for(
+            cfg,
+            model,
+            available=available,
+            extra_available=extra_available,
+            devices=devices,
+            swa_full=swa_full,
+        )
+
+    chosen = budget(full)
+    windowed = budget(False) if slides(model.shape) else chosen
+    if added and not chosen.fits and windowed.fits:
+        off = f"off: {alias} slides and --swa-full, which its restores need, does not fit the memory budget"
+        log.warning("conversation states on disk are off: %s", off)
+        full, added, why, chosen = False, False, WHY_NO_ROOM, windowed
+        disk = DiskPlan(None, off)
+    choice = WindowChoice(
+        slides=slides(model.shape),
+        full=full,
+        added=added,
+        why=why,
+        kv_bytes=chosen.kv_bytes,
+        checkpoint_bytes=chosen.checkpoint_bytes,
+        windowed_kv_bytes=windowed.kv_bytes,
+        windowed_checkpoint_bytes=windowed.checkpoint_bytes,
+    )
+    return Window(chosen, disk, choice)
 
 
 def launch_spec(cfg: Config, binary: Binary, model: Model) -> LaunchSpec:
@@ -260,6 +324,9 @@ def identity_for(
         host=host_identity(),
     )
     record["device"] = device_record(spec, devices)
+    serving = record["serving"]
+    if spec.swa_full and isinstance(serving, dict):  # llamagate added it (budget/window.py)
+        serving["swa_full"] = True
     return record
 
 
@@ -301,9 +368,18 @@ def prepare(
     binary = resolve_binary(cfg, progress=progress, cache=cache, fetch=fetch)
     model = resolve_model(cfg, progress=progress, cache=cache, fetch=fetch)
     devices = devices_for(cfg, binary.path)
-    budget = budget_for(cfg, model, extra_available=extra_available, devices=devices)
+    window = plan_window(
+        cfg, model, cfg.llama.model.alias, binary.sha256, extra_available=extra_available, devices=devices
+    )
+    budget, disk = window.budget, window.disk
     if not budget.fits:
-        raise Misconfigured(budget.refusal())
+        why = budget.refusal()
+        if window.choice.added:  # neither cache fits: say where the full one comes from
+            why += (
+                "; the KV state counts --swa-full, added because the disk tier is on for this sliding-window"
+                " model (llama.state_disk_mib: 0 turns both off)"
+            )
+        raise Misconfigured(why)
     shape = model.shape
     if shape.n_ctx_train is not None and cfg.llama.ctx_per_slot > shape.n_ctx_train:
         log.warning(
@@ -313,12 +389,14 @@ def prepare(
     if Path("/etc/llama.cpp/config.ini").exists():
         log.warning("/etc/llama.cpp/config.ini exists: llama-server reads it (argv still wins)")
     spec = launch_spec(cfg, binary, model)
-    disk = plan_disk(cfg, spec.alias, binary.sha256, model.sha256)
     if disk.states is not None:
         try:
             make_folder(disk.states)
         except (OSError, ValueError) as exc:  # the tier is an optimisation: serve without it
             log.warning("conversation states on disk are off: the folder cannot be made: %s", exc)
             disk = DiskPlan(None, f"off: {disk.states.directory} cannot be made ({exc})")
-    spec = replace(spec, slot_states=disk.states)
-    return Prepared(spec, binary, model, budget, identity_for(spec, binary, model, devices), disk)
+    # --swa-full as budgeted even when the folder could not be made: the budget checked that cache (the
+    # windowed one's checkpoints may need more), and the RAM prompt cache works with either.
+    spec = replace(spec, slot_states=disk.states, swa_full=window.choice.added)
+    identity = identity_for(spec, binary, model, devices)
+    return Prepared(spec, binary, model, budget, identity, disk, window.choice)

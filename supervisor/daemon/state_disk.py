@@ -6,7 +6,8 @@ One private folder per served model and identity, ``STATE_DIR/ALIAS-IDENTITY16``
 is a digest of what a saved sequence state depends on: the binary and the model by sha256 (the file format
 and the KV cells' meaning) and the knobs marked ``kv_state`` (``launch/knobs.py``): the context per slot
 (a restore must fit the slot), the KV cache types (the cells' layout) and ``extra_args`` (anything there
-may change the cache: ``-fa``, ``--swa-full``...).
+may change the cache: ``-fa``, ``--swa-full``...), and ``--swa-full`` when llamagate adds it (a
+sliding-window model's full-size cache: ``budget/window.py``).
 Threads, slot count, the RAM cache and the chat template change nothing a saved state means: a reload
 that changes only them keeps every conversation's state. A child of another identity gets another
 folder, so its states never meet the old ones.
@@ -81,25 +82,29 @@ def root_for(cfg: Config) -> Path:
     return cfg.llama.state_dir or state_root() / "conversations"
 
 
-def state_identity(binary_sha256: str, model_sha256: str, llama: LlamaKnobs) -> str:
-    """The digest of what a saved sequence state depends on: the binary and the model, and every knob
-    marked ``kv_state`` (``launch/knobs.py``)."""
+def state_identity(binary_sha256: str, model_sha256: str, llama: LlamaKnobs, swa_full: bool = False) -> str:
+    """The digest of what a saved sequence state depends on: the binary and the model, every knob
+    marked ``kv_state`` (``launch/knobs.py``), and ``--swa-full`` when llamagate adds it."""
     record: dict[str, object] = {"binary": binary_sha256, "model": model_sha256}
     for k in KNOBS:
         if k.row.kv_state:
             value = getattr(llama, k.name)
             record[k.name] = list(value) if isinstance(value, tuple) else value
+    if swa_full:  # only then, so the identities of models without a sliding window stay as they were
+        record["swa_full"] = True
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) -> DiskPlan:
+def plan_disk(
+    cfg: Config, alias: str, binary_sha256: str, model_sha256: str, *, swa_full: bool = False
+) -> DiskPlan:
     """The folder and budget of the model ``alias`` served by ``cfg`` (its llama: section), or why none;
-    creates nothing."""
+    creates nothing. ``swa_full``: llamagate adds --swa-full to the child (part of the identity)."""
     llama = cfg.llama
     mib = llama.state_disk_mib
     if mib == 0:
         return DiskPlan(None, "off (llama.state_disk_mib: 0)")
-    identity = state_identity(binary_sha256, model_sha256, llama)
+    identity = state_identity(binary_sha256, model_sha256, llama, swa_full)
     folder = StateRoot(root_for(cfg)).folder(alias, identity)
     budget = (mib or DEFAULT_MIB) * MIB
     states = SlotStates(str(folder), identity, budget)

@@ -35,6 +35,8 @@ class LaunchSpec:
     llama: LlamaKnobs
     # The disk tier's folder and what it checks (daemon/state_disk.py); None: off.
     slot_states: SlotStates | None = None
+    # llamagate adds --swa-full: a sliding-window model whose states go to disk (budget/window.py).
+    swa_full: bool = False
 
     def __post_init__(self) -> None:
         if self.llama.threads is None or self.llama.threads_batch is None:
@@ -64,6 +66,12 @@ FLAGS: tuple[Flag[LaunchSpec], ...] = (
     Flag(("--no-cache-idle-slots", "--cache-idle-slots"), lambda s: True),
     # The private folder of the child's identity: the proxy saves and restores its slots there.
     Flag(("--slot-save-path",), lambda s: s.slot_states.directory if s.slot_states is not None else None),
+)
+# Flags llamagate decides but an operator may also give in ``extra_args`` (so they are not refused):
+# the decision then does not add them twice.
+DECIDED: tuple[Flag[LaunchSpec], ...] = (
+    # Full-size KV cache for sliding-window layers, so a state saved to disk restores whole.
+    Flag(("--swa-full",), lambda s: s.swa_full or None),
 )
 # The knobs' own rows, in the table's order, after the rows every child has.
 KNOB_FLAGS: tuple[Flag[LlamaKnobs], ...] = tuple(flag for k in KNOBS for flag in k.flags())
@@ -144,7 +152,7 @@ def budget_flags(extra: tuple[str, ...], default_ubatch: int = 512) -> tuple[boo
 
 def build_argv(spec: LaunchSpec) -> list[str]:
     argv = [str(spec.binary)]
-    values = [(f.names[0], f.value(spec)) for f in FLAGS]
+    values = [(f.names[0], f.value(spec)) for f in (*FLAGS, *DECIDED)]
     values += [(f.names[0], f.value(spec.llama)) for f in KNOB_FLAGS]
     for name, value in values:
         if value is None or value is False:

@@ -140,4 +140,5 @@ def test_the_config_classes_are_the_knobs_fields() -> None:
         "port",
         "llama",
         "slot_states",  # the disk tier's folder (daemon/state_disk.py), not a knob
+        "swa_full",  # decided from the model and the tier (budget/window.py), not a knob
     ]

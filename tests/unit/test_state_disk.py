@@ -67,6 +67,7 @@ def test_the_identity_follows_what_a_state_depends_on_only() -> None:
         state_identity("bin", "model", replace(knobs, ctx_per_slot=8192)),
         state_identity("bin", "model", replace(knobs, cache_type_k="q8_0")),
         state_identity("bin", "model", replace(knobs, extra_args=("-fa", "on"))),
+        state_identity("bin", "model", knobs, swa_full=True),  # llamagate's --swa-full (budget/window.py)
     ):
         assert other != base
     same = replace(knobs, threads=3, slots=5, prompt_cache_mib=0, chat_template="chatml")

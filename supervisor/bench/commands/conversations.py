@@ -13,14 +13,20 @@ multi-turn workload against it (``supervisor.bench.conversations``), stops it, a
 - ``llamagate-nodisk``: the same with the disk tier off (``llama.state_disk_mib: 0``);
 - ``replicas``: ``--replicas`` such daemons behind a real nginx running the shipped
   deploy/nginx/llamagate.conf (a conversation hashed to one replica);
-- ``replicas-least-conn``: the same with ``least_conn`` in the hash's place (load first, no affinity).
+- ``replicas-least-conn``: the same with ``least_conn`` in the hash's place (load first, no affinity);
+- ``replicas-shared``: ``replicas`` with one states folder for all of them (``llama.state_dir``; the
+  replicas serve one identity, so they use one folder of it), where ``replicas`` gives each its own.
 Each starts with an empty cache. With ``--repeats`` above 1 every other round runs the targets in
 reverse order. ``--across`` puts an event between turn ``--event-after`` and the next of every
 conversation: ``reload`` (SIGHUP with llama.threads changed: a new child of the same identity),
 ``unload`` (the model is on_demand with a 2 s idle_unload_s: the run waits until it is unloaded, and the
 next turn loads it), ``restart`` (the daemon stopped and started again on the same states folder and port),
 ``kill`` (the child SIGKILLed: the supervisor restarts it); bare llama-server is stopped and started for
-any of them (its states are lost: the comparison point). Exit 0 when every turn was answered, 1 when a
+any of them (its states are lost: the comparison point). ``handover`` is for the replicas targets: the
+replica that served the most conversations (nginx's access log names each turn's conversation and
+replica) is stopped (a planned stop: its slots' states are saved), nginx moves its conversations to the
+next replica on the hash ring, and the result says how much of their reusable maximum those moved
+conversations got from then on, against the ones that stayed. Exit 0 when every turn was answered, 1 when a
 target failed, 2 on bad usage, 130 when interrupted (SIGTERM too: what was started is stopped first).
 """
 
@@ -39,6 +45,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.conversations.key import conversation_id
 from supervisor.bench import conversations, hostload, options
 from supervisor.bench.client import Target
 from supervisor.bench.commands.run import write_provenance
@@ -59,8 +66,16 @@ from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
 from supervisor.progress import ConsoleProgress, Progress
 
-TARGETS = ("bare-defaults", "bare", "llamagate", "llamagate-nodisk", "replicas", "replicas-least-conn")
-EVENTS = ("reload", "unload", "restart", "kill")
+TARGETS = (
+    "bare-defaults",
+    "bare",
+    "llamagate",
+    "llamagate-nodisk",
+    "replicas",
+    "replicas-least-conn",
+    "replicas-shared",
+)
+EVENTS = ("reload", "unload", "restart", "kill", "handover")
 DEFAULT_TARGETS = ("bare-defaults", "bare", "llamagate")
 # llamagate's slot flags (supervisor/launch/flags.py), replaced by llama-server's defaults for
 # ``bare-defaults``.
@@ -89,19 +104,45 @@ class _ReplicaSet:
         self.nginx = nginx
         self.target = Target(nginx.url, key)
         self.identity: dict[str, Any] = {"replicas": [d.identity for d in daemons], "nginx": nginx.prefix}
+        self.stopped: list[PrivateDaemon] = []  # left the ring (``handover``)
+
+    def running(self) -> list[PrivateDaemon]:
+        return [d for d in self.daemons if d not in self.stopped]
+
+    def handover(self, work: conversations.Workload, turns_played: int) -> list[int]:
+        """Stop the replica that served the most conversations; the conversations it served."""
+        expected = work.conversations * turns_played
+        _until(lambda: len(self.nginx.access_log()) >= expected, "nginx's access log of every turn", 30.0)
+        ids = [conversation_id([], {"messages": m}) for m in conversations.openings(work)]
+        where: dict[str, str] = {}
+        for record in self.nginx.access_log():
+            if record.status == 200 and record.conversation:
+                where[record.conversation] = record.tried[-1]
+        served: dict[str, list[int]] = {}
+        for c, cid in enumerate(ids):
+            if cid is None or cid not in where:
+                raise ConversationFailed(f"nginx's access log does not say where conversation {c} went")
+            served.setdefault(where[cid], []).append(c)
+        addr, moved = max(served.items(), key=lambda kv: len(kv[1]))
+        (leaving,) = [d for d in self.daemons if f"127.0.0.1:{d.port}" == addr]
+        leaving.stop()  # a planned stop: the daemon saves its slots' states first
+        self.stopped.append(leaving)
+        return moved
 
     def stop(self) -> None:
         try:
             self.nginx.stop()
         finally:
-            for d in self.daemons:
+            for d in self.running():
                 d.stop()
 
 
 def _replicas(
-    config: dict[str, object], count: int, mode: Mode, folder: Path, progress: Progress
+    config: dict[str, object], count: int, mode: Mode, folder: Path, progress: Progress, shared: bool
 ) -> _ReplicaSet:
     overrides, key = _one_tenant(config)
+    if shared:  # one folder for all (one identity: one folder of it inside), else each its own
+        overrides = deep_merge(overrides, {"llama": {"state_dir": str(folder / "shared-states")}})
     daemons: list[PrivateDaemon] = []
     try:
         for i in range(count):
@@ -133,7 +174,7 @@ def _start(
         return start_llamagate(deep_merge(config, overrides), key, folder, progress=progress)
     if name.startswith("replicas"):
         mode: Mode = "least-conn" if name == "replicas-least-conn" else "balanced"
-        return _replicas(config, replicas, mode, folder, progress)
+        return _replicas(config, replicas, mode, folder, progress, shared=name == "replicas-shared")
     edit = llama_server_defaults if name == "bare-defaults" else None
     server, _ = start_llama_server(config, folder, progress=progress, edit_argv=edit)
     return server
@@ -154,13 +195,17 @@ class _Across:
     ) -> None:
         self.kind, self.launched, self.config = kind, launched, config
         self.folder, self.progress, self.edit = folder, progress, edit
+        self.moved: list[int] | None = None  # ``handover``: the conversations that moved
 
-    def act(self) -> Target:
+    def act(self, work: conversations.Workload, turns_played: int) -> Target:
         launched = self.launched
         if isinstance(launched, PrivateDaemon):
             return self._daemon(launched)
         if isinstance(launched, _ReplicaSet):
-            raise UsageError("--across is for one daemon or bare llama-server, not the replicas targets")
+            if self.kind != "handover":
+                raise UsageError("--across for the replicas targets is handover")
+            self.moved = launched.handover(work, turns_played)
+            return launched.target
         # Bare llama-server: every event is a new process (its slots and RAM cache start empty).
         launched.stop()
         self.launched, _ = start_llama_server(
@@ -203,7 +248,14 @@ _TIER = "llamagate_conversation_state_"
 
 
 def _tier_figures(launched: object) -> dict[str, float] | None:
-    """A daemon's disk tier figures, summed over tenants, from its /metrics (None for another target)."""
+    """A daemon's disk tier figures, summed over tenants, from its /metrics; a replica set's summed over
+    the replicas still running (None for another target)."""
+    if isinstance(launched, _ReplicaSet):
+        summed: dict[str, float] = {}
+        for d in launched.running():
+            for name, value in (_tier_figures(d) or {}).items():
+                summed[name] = summed.get(name, 0.0) + value
+        return summed
     if not isinstance(launched, PrivateDaemon):
         return None
     r = httpx.get(
@@ -263,6 +315,13 @@ def _handle(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
     if args.across is not None and not 1 <= args.event_after < args.turns:
         raise UsageError("--event-after must be at least 1 and less than --turns")
+    replicas = [n for n in names if n.startswith("replicas")]
+    if args.across == "handover" and replicas != names:
+        raise UsageError("--across handover: only the replicas targets (replicas, replicas-shared, ...)")
+    if args.across is not None and args.across != "handover" and replicas:
+        raise UsageError(f"--across {args.across}: not for the replicas targets (they take handover)")
+    if args.across == "handover" and args.replicas < 2:
+        raise UsageError("--across handover needs --replicas 2 or more")
     if args.system_tokens < 20 or args.user_tokens < 10:
         raise UsageError("--system-tokens must be >= 20 and --user-tokens >= 10")
     work = conversations.Workload(
@@ -292,11 +351,17 @@ def _handle(args: argparse.Namespace) -> int:
             across = _Across(args.across or "", launched, config, folder, progress, edit)
             event = None
             if args.across is not None:
-                event = conversations.Event(args.across, args.event_after, across.act)
+                split = args.event_after
+
+                def act(a: _Across = across, played: int = split) -> Target:
+                    return a.act(work, played)
+
+                event = conversations.Event(args.across, args.event_after, act)
             try:
                 launches.setdefault(name, launched.identity)
                 result = conversations.run(launched.target, name, work, progress, event)
                 result.tier = _tier_figures(across.launched)
+                result.moved = across.moved
             finally:
                 across.stop()
             result.target = name if args.repeats == 1 else f"{name} (round {round_ + 1})"
@@ -342,7 +407,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--across",
         choices=EVENTS,
         help="an event between two turns of every conversation: a SIGHUP reload, an idle unload, a stop"
-        " and start of the daemon, a SIGKILL of the child",
+        " and start of the daemon, a SIGKILL of the child; handover (replicas targets): the busiest"
+        " replica stopped, its conversations moved on the hash ring",
     )
     p.add_argument("--event-after", type=int, default=2, help="turns played before the event (2)")
     p.add_argument("--config", type=Path, help="llamagate config to start from (default: embedded)")
