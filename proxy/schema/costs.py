@@ -17,8 +17,10 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Literal
 
-# The longest one request may hold the server loop outside a decode, on the demo model.
+# The longest one request may hold the server loop outside a decode (or one of the child's HTTP
+# threads, which it has few of), on the demo model.
 BUDGET_S = 1.0
 # The demo model's vocabulary: the one the costs were measured with.
 REFERENCE_VOCAB = 49_152
@@ -29,11 +31,13 @@ UNKNOWN_VOCAB = 262_144
 
 @dataclass(frozen=True, slots=True)
 class UnitCost:
-    """``seconds`` of the server loop per ``unit`` at ``REFERENCE_VOCAB``; ``per_vocab``: in proportion
-    to the model's vocabulary; ``source``: what was measured."""
+    """``seconds`` per ``unit`` at ``REFERENCE_VOCAB``, held on the server ``loop`` or on one of the
+    child's few ``http`` threads (a request parsed there: its thread serves nothing else meanwhile);
+    ``per_vocab``: in proportion to the model's vocabulary; ``source``: what was measured, how."""
 
     seconds: float
     unit: str
+    where: Literal["loop", "http"]
     per_vocab: bool
     source: str
 
@@ -44,49 +48,56 @@ class UnitCost:
         return self.seconds * (n_vocab or UNKNOWN_VOCAB) / REFERENCE_VOCAB
 
 
+# Measured with ``python -m tests.benchmarks.loop_cost`` on 2 shared cores (2026-12-07): the slope of
+# the longest ``/slots`` probe (loop) or of the request's time (http) over the units; where two runs
+# differed, the larger. Values that hold neither for long at any size the body limit lets through are
+# not here (token-id logit biases: 0.1 s for the whole vocabulary; stop strings and n_probs: a few ms a
+# token step at 4,000 and 10,000; tools with a required tool call: under 40 ms at 128): their bounds are
+# plain.
 COSTS: Mapping[str, UnitCost] = MappingProxyType(
     {
         "dry_breaker": UnitCost(
-            31e-3,
+            35e-3,
             "breaker",
+            "loop",
             True,
-            "DRY's setup scans every token's text for each breaker (llama_sampler_init_dry)",
+            "DRY's setup scans every token's text for each breaker (llama_sampler_init_dry):"
+            " 8 breakers 0.37 s, 16 0.70 s, 32 1.28 s, 48 1.65 s; 29 and 32 ms each in two runs",
         ),
         "logit_bias_entry": UnitCost(
-            0.18e-3,
+            0.2e-3,
             "entry",
+            "http",
             False,
-            "each entry is tokenized (text) and copied into the sampler's bias list",
-        ),
-        "stop_string": UnitCost(
-            5e-6,
-            "stop string",
-            False,
-            "each generated token is searched for every stop string (find_stopping_strings)",
-        ),
-        "tool": UnitCost(
-            2e-3,
-            "tool",
-            False,
-            "each tool adds rules to the tool-call grammar the sampler parses at setup",
+            "an entry given as text is tokenized while the body is read: 2,000 0.8 s, 8,000 2.0 s;"
+            " the whole vocabulary 9 s (issue 54); token ids cost nothing measurable",
         ),
         "grammar_char": UnitCost(
-            2e-6,
+            53e-6,
             "character",
+            "loop",
             False,
-            "the GBNF grammar is parsed at the sampler's setup (llama_grammar_init_impl)",
+            "the grammar is parsed and its stacks built at the sampler's setup: 1,000 alternatives"
+            " (11 KB) 0.62 s, 3,000 (35 KB) 1.69 s, 5,000 2.4 s; 45 and 53 us a character in two runs;"
+            " long rule chains cost less (3,000 rules, 91 KB: 0.05 s)",
         ),
         "json_schema_char": UnitCost(
-            60e-6,
+            40e-6,
             "character",
+            "loop",
             False,
-            "a JSON schema is turned into a grammar, then parsed at setup (an enum of 100,000 strings: 70 s)",
+            "a JSON schema becomes a grammar, parsed at setup: an enum of 2,000 strings (23 KB) 0.56 to"
+            " 1.2 s, 4,000 (47 KB) 1.36 to 1.89 s (28 and 37 us a character in two runs), and as long"
+            " again in an HTTP thread converting it",
         ),
         "tokenize_char": UnitCost(
-            12e-6,
+            10e-6,
             "character",
+            "http",
             False,
-            "/tokenize with parse_special: the text is split at every special token (50,000 of them: 7 s)",
+            "/tokenize with parse_special splits the text at every special token, more than linearly:"
+            " 80,000 characters 0.45 s, 240,000 4.8 s, 600,000 (50,000 special tokens) 7 s (issue 54);"
+            " 10 us a character is its cost at about 100,000",
         ),
     }
 )
@@ -98,7 +109,8 @@ def cost_limit(cost: str, most: int, n_vocab: int | None) -> tuple[int, str]:
     least 1), and why, for the refusal."""
     entry = COSTS[cost]
     per_unit = entry.at(n_vocab)
-    limit = max(1, min(most, int(BUDGET_S / per_unit)))
+    limit = max(1, min(most, int(BUDGET_S / per_unit * (1 + 1e-9))))  # 1 / 40e-6 is 24,999.99...
     vocab = f" with {n_vocab or UNKNOWN_VOCAB:,} tokens of vocabulary" if entry.per_vocab else ""
-    why = f"{per_unit * 1000:.3g} ms of the server loop per {entry.unit}{vocab}, {BUDGET_S:g} s at most"
+    held = "the server loop" if entry.where == "loop" else "an HTTP thread of the child"
+    why = f"{per_unit * 1000:.3g} ms of {held} per {entry.unit}{vocab}, {BUDGET_S:g} s at most"
     return limit, why

@@ -73,15 +73,19 @@ TRIGGER = Obj({"type": Int(0, 3), "value": Text(4096), "token": TOKEN}, required
 # longest real one is llama.cpp's default sampler chain, 10 names.
 _NAMES = Arr(Str(), size=Size(256, "elements"))
 # OpenAI allows 4 stop strings; llama.cpp's own clients send a handful. Each generated token is searched
-# for every one of them (the cost table's ``stop_string``); none is longer than a line.
-STOP_STRINGS = Arr(Text(1024), size=Size(1024, "elements", "stop_string"))
+# for every one of them: 4,000 cost a few ms a token step (tests/benchmarks/loop_cost.py); none is longer
+# than a line.
+STOP_STRINGS = Arr(Text(1024), size=Size(1024, "elements"))
 _STOP = Either((Text(1024), STOP_STRINGS))
 # DRY's breakers: llama.cpp's default list has 4; the child truncates each to 40 characters
 # (``llama_sampler_init_dry``); each costs a pass over the vocabulary (the cost table's ``dry_breaker``).
 _BREAKERS = Arr(Str(size=Size(1024, "characters")), min_items=1, size=Size(1024, "elements", "dry_breaker"))
 # The grammar and JSON schema are programs (``proxy.schema.programs`` bounds their structure); their
-# text is bounded here: 256 KiB, twice OpenAI's 120,000 characters of a structured-output schema's names.
+# text is bounded here: 256 KiB, twice OpenAI's 120,000 characters of a structured-output schema's names,
+# and for the ones parsed at the request's setup, by what a character costs there at worst (many short
+# alternatives or enum members: the cost table's ``grammar_char`` and ``json_schema_char``).
 PROGRAM_CHARS = 256 * 1024
+SCHEMA_TEXT = Size(PROGRAM_CHARS, "characters of JSON", "json_schema_char")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,10 +204,10 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
         ),
         "dry_sequence_breakers": Field(_BREAKERS, "DRY sequence breakers"),
         "json_schema": Field(
-            Either((Obj(text=Size(PROGRAM_CHARS, "characters of JSON")), Bool())),
+            Either((Obj(text=SCHEMA_TEXT), Bool())),
             "constrain the output to a JSON schema",
         ),
-        "grammar": Field(Text(PROGRAM_CHARS), "constrain the output to a GBNF grammar"),
+        "grammar": Field(Text(PROGRAM_CHARS, "grammar_char"), "constrain the output to a GBNF grammar"),
         "grammar_lazy": Field(Bool(), "apply the grammar only once a trigger appears"),
         "chat_format": Field(Json(Size(64 * 1024, "characters of JSON")), "chat format", who="nobody", why=_INTERNAL),
         # Not null: the chat parser reads it whenever the key is present (``body.at(...).get<string>``).

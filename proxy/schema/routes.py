@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from proxy.schema.fields import Field, Role
-from proxy.schema.llama import LLAMA, PROGRAM_CHARS, STOP_STRINGS, logprob_limit
+from proxy.schema.llama import LLAMA, PROGRAM_CHARS, SCHEMA_TEXT, STOP_STRINGS, logprob_limit
 from proxy.schema.values import (
     TEXT_CHARS,
     TOKEN,
@@ -121,9 +121,9 @@ _MESSAGES = Field(
     Arr(Obj(), size=Size(100_000, "elements")), "the conversation", nullable=False, roles=("prompt",)
 )
 # OpenAI takes at most 128 tools; each adds rules to the tool-call grammar the child parses at the
-# request's setup (the cost table's ``tool``). A tool's parameters is a JSON schema
-# (``proxy.schema.programs`` bounds its structure).
-_TOOL_COUNT = Size(1024, "elements", "tool")
+# request's setup (128 with a required call: under 40 ms, tests/benchmarks/loop_cost.py). A tool's
+# parameters is a JSON schema (``proxy.schema.programs`` bounds its structure).
+_TOOL_COUNT = Size(1024, "elements")
 _PARAMETERS = Obj(text=Size(PROGRAM_CHARS, "characters of JSON"))
 # Chat's tools as ``common_chat_tools_parse_oaicompat`` reads them: any other shape is the child's 500.
 _FUNCTION = Obj(
@@ -133,7 +133,11 @@ _FUNCTION = Obj(
 )
 _TOOLS = Field(
     Arr(
-        Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function")),
+        Obj(
+            {"type": Str(("function",)), "function": _FUNCTION},
+            required=("type", "function"),
+            text=Size(PROGRAM_CHARS, "characters of JSON"),
+        ),
         size=_TOOL_COUNT,
     ),
     "functions the model may call ({type: function, function: {name, description, parameters}})",
@@ -177,8 +181,8 @@ CHAT = _fields(
         Obj(
             {
                 "type": Str(("text", "json_object", "json_schema")),
-                "json_schema": Obj(text=Size(PROGRAM_CHARS, "characters of JSON")),
-                "schema": Obj(text=Size(PROGRAM_CHARS, "characters of JSON")),
+                "json_schema": Obj(text=SCHEMA_TEXT),
+                "schema": Obj(text=SCHEMA_TEXT),
             }
         ),
         "text, json_object or json_schema",

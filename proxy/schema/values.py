@@ -303,7 +303,7 @@ class Obj:
             kind.check(value[name], f"{path}.{name}", ctx)
 
     def describe(self) -> str:
-        return f"object, {self.size.describe()}"
+        return f"object ({self.size.describe()}; its JSON text {self.text.describe().removeprefix('at most ')})"
 
 
 # Elements of a list a client writes (messages, tools, names): far beyond any API's (Anthropic: 100,000

@@ -1,0 +1,222 @@
+"""A structural fuzz of the door's size bounds (issue 54), against the real daemon, child and model, on
+``/completion``, ``/v1/completions``, ``/infill``, ``/v1/chat/completions``, ``/v1/messages``,
+``/v1/responses`` and ``/tokenize``: each bounded field at its bound passes the door (the child answers,
+no 5xx) and holds the server loop for less than the budget (an admin's ``/slots``, a task the loop
+serves, is probed back to back meanwhile); at 10x, 100x and 1000x its bound the door refuses it, 400
+naming the field and the bound. A body that would be larger than the door takes (``proxy.max_body_bytes``)
+is not built: its field is sent at the largest multiple that fits, which must be refused all the same.
+
+Which bounds: every one the cost table sets (DRY breakers, ``logit_bias``, stop strings, grammar, JSON
+schema, ``/tokenize`` text) at its default for the demo model's vocabulary, and each route's
+prompt-bearing and name fields at a bound this daemon's tenant lowers through ``field_bounds`` (their
+defaults are as large as the body limit: at the bound, the child would take seconds to template or
+tokenize them). Run time: about 100 requests, most refused at the door in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.schema.costs import BUDGET_S
+from proxy.schema.reference import sizes
+from proxy.schema.values import Context
+from proxy.settings import TenantSettings
+from tests.integration.conftest import Daemon, DaemonFactory
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m-instruct"
+N_VOCAB = 49_152
+BODY_LIMIT = 8 * 1024 * 1024
+MESSAGES = [{"role": "user", "content": "Hi"}]
+# Plain bounds this daemon's tenant lowers, so a body at the bound is quick for the child.
+LOWERED = {"prompt": 2000, "messages": 16, "input": 2000, "model": 64, "tools": 8, "stop_sequences": 64}
+CONFIG = {"tenants": [{"name": "default", "max_concurrency": 2, "field_bounds": LOWERED}]}
+# A loop held this long is not "bounded by the budget" on any machine; a held loop runs to minutes.
+HELD_LIMIT_S = 2 * BUDGET_S
+
+
+@dataclass(frozen=True)
+class Target:
+    route: str
+    base: dict[str, Any]
+    field: str
+    make: Callable[[int], Any]  # a value of n units (elements, entries or characters)
+
+
+def _chars_grammar(n: int) -> str:
+    return 'root ::= "' + "a" * max(1, n - 12) + '"'
+
+
+def _chars_schema(n: int) -> dict[str, Any]:
+    return {"type": "string", "description": "d" * max(1, n - 40)}
+
+
+_COMPLETION = {"prompt": "Hi", "n_predict": 1, "cache_prompt": False}
+_COMPLETIONS = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+_INFILL = {"input_prefix": "def f(", "input_suffix": "):", "n_predict": 1}
+_CHAT = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+_MESSAGES = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1}
+_RESPONSES = {"model": MODEL, "input": "Hi", "max_output_tokens": 16}
+_GENERATING = {
+    "/completion": _COMPLETION,
+    "/v1/completions": _COMPLETIONS,
+    "/infill": _INFILL,
+    "/v1/chat/completions": _CHAT,
+    "/v1/messages": _MESSAGES,
+    "/v1/responses": _RESPONSES,
+}
+
+
+def _costly(route: str, base: dict[str, Any]) -> list[Target]:
+    stop = "stop_sequences" if route == "/v1/messages" else "stop"
+    return [
+        Target(route, {**base, "dry_multiplier": 0.8}, "dry_sequence_breakers", lambda n: [f"b{i}" for i in range(n)]),
+        Target(route, base, "logit_bias", lambda n: [[i % N_VOCAB, -1.0] for i in range(n)]),
+        Target(route, base, stop, lambda n: [f"s{i}" for i in range(n)]),
+        Target(route, base, "grammar", _chars_grammar),
+    ]
+
+
+TARGETS: tuple[Target, ...] = (
+    *(t for route, base in _GENERATING.items() for t in _costly(route, base)),
+    Target("/completion", _COMPLETION, "json_schema", _chars_schema),
+    Target("/completion", {"n_predict": 1}, "prompt", lambda n: "a" * n),
+    Target("/v1/completions", {"model": MODEL, "max_tokens": 1}, "prompt", lambda n: "a" * n),
+    Target("/infill", _INFILL, "input_extra", lambda n: [{"text": "x"}] * n),
+    Target("/v1/chat/completions", {"max_tokens": 1}, "messages", lambda n: MESSAGES * n),
+    Target("/v1/chat/completions", _CHAT, "model", lambda n: "m" * n),
+    Target(
+        "/v1/chat/completions",
+        _CHAT,
+        "tools",
+        lambda n: [{"type": "function", "function": {"name": f"f{i}"}} for i in range(n)],
+    ),
+    Target("/v1/messages", {"model": MODEL, "max_tokens": 1}, "messages", lambda n: MESSAGES * n),
+    Target("/v1/responses", {"model": MODEL, "max_output_tokens": 16}, "input", lambda n: "a" * n),
+    Target("/tokenize", {"parse_special": True}, "content", lambda n: "<|im_start|>" * (n // 12) + "a" * (n % 12)),
+)
+
+
+def _bound(t: Target) -> int:
+    """The bound of ``t.field`` on ``t.route`` for this daemon's tenant and the demo model: the largest of
+    the sizes the schema declares for that name (the one the value's shape here is measured in)."""
+    schema = {
+        "/completion": "completion",
+        "/v1/completions": "completions",
+        "/infill": "infill",
+        "/v1/chat/completions": "chat",
+        "/v1/messages": "messages",
+        "/v1/responses": "responses",
+        "/tokenize": "tokenize",
+    }[t.route]
+    tenant = TenantSettings("default", field_bounds=LOWERED)
+    ctx = Context(tenant, False, 2, N_VOCAB)
+    value = t.make(3)
+    unit = "characters" if isinstance(value, str) else "elements"
+    if t.field == "logit_bias":
+        unit = "entries"
+    elif isinstance(value, dict):
+        unit = "characters of JSON"
+    limits = [
+        f.size.limit(t.field, ctx)[0]
+        for f in sizes()
+        if f.schema == schema and f.path == t.field and f.size is not None and f.size.unit == unit
+    ]
+    assert limits, (t.route, t.field, unit)
+    return min(limits)
+
+
+class SlotsProbe:
+    """An admin's ``GET /slots`` back to back through the door; ``longest`` over a span of time."""
+
+    def __init__(self, d: Daemon) -> None:
+        self._client = httpx.Client(
+            base_url=d.base_url, headers={"Authorization": f"Bearer {d.admin_key}"}, timeout=120, trust_env=False
+        )
+        self._spans: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            status = self._client.get("/slots").status_code
+            self._spans.append((start, time.monotonic(), status))
+            time.sleep(0.005)
+
+    def longest(self, since: float, until: float) -> float:
+        return max((b - a for a, b, _ in list(self._spans) if b >= since and a <= until), default=0.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+        assert all(s == 200 for _, _, s in self._spans)
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+@pytest.mark.timeout(600)
+def test_every_bounded_field_passes_at_its_bound_and_is_refused_beyond(daemon_factory: DaemonFactory) -> None:
+    d = daemon_factory(CONFIG)
+    pid = d.child_pid
+    generation = d.readyz()[1]["generation"]
+    probe = SlotsProbe(d)
+    passed, refused, held_over, bad = 0, 0, [], []
+    try:
+        with httpx.Client(timeout=120, trust_env=False) as c:
+            headers = {"Authorization": f"Bearer {d.inference_key}", "x-api-key": d.inference_key}
+            for t in TARGETS:
+                bound = _bound(t)
+                # At the bound: past the door (the child answers, whatever it answers), no 5xx.
+                started = time.monotonic()
+                r = c.post(d.base_url + t.route, json={**t.base, t.field: t.make(bound)}, headers=headers)
+                held = probe.longest(started, time.monotonic())
+                if r.status_code >= 500 or _door_refusal(r):
+                    bad.append(f"{t.route} {t.field} at its bound {bound}: {r.status_code} {r.text[:200]}")
+                passed += 1
+                if held > HELD_LIMIT_S:
+                    held_over.append(f"{t.route} {t.field} at {bound}: the loop held {held:.2f} s")
+                # Beyond: refused at the door, naming the field and the bound.
+                for times in (10, 100, 1000):
+                    value = t.make(bound * times)
+                    while _size(value) > BODY_LIMIT - 64 * 1024 and times > 1:
+                        times //= 10  # the largest multiple the door's body limit lets through
+                        value = t.make(bound * times)
+                    if times <= 1:
+                        value = t.make(bound + 1)
+                    r = c.post(d.base_url + t.route, json={**t.base, t.field: value}, headers=headers)
+                    if not (_door_refusal(r) and t.field in r.text and "the bound" in r.text):
+                        bad.append(f"{t.route} {t.field} at {times}x {bound}: {r.status_code} {r.text[:200]}")
+                    refused += 1
+    finally:
+        probe.close()
+    assert not bad, "\n".join(bad)
+    assert not held_over, "\n".join(held_over)
+    assert passed == len(TARGETS) and refused == 3 * len(TARGETS)
+    assert d.child_pid == pid
+    assert d.readyz()[1]["generation"] == generation
+    assert d.admin_status()["restarts"] == 0
+
+
+def _door_refusal(r: httpx.Response) -> bool:
+    """The door's schema refused it: 400 with its code (OpenAI-shaped and native routes), or a 400 in
+    Anthropic's shape (the child's own errors keep an integer code)."""
+    if r.status_code != 400:
+        return False
+    body = r.json()
+    if body.get("type") == "error":
+        return True
+    return isinstance(body.get("error"), dict) and body["error"].get("code") == "invalid_field"
