@@ -88,6 +88,12 @@ PROGRAM_CHARS = 256 * 1024
 SCHEMA_TEXT = Size(PROGRAM_CHARS, "characters of JSON", "json_schema_char")
 
 
+# Entries of logit_bias: each given as text is tokenized (the cost table's ``logit_bias_entry``); a
+# token's text is short.
+_BIAS_ENTRIES = Size(1_000_000, "entries", "logit_bias_entry")
+_BIAS_TEXT = Size(1024, "characters", each=True)
+
+
 @dataclass(frozen=True, slots=True)
 class LogitBias:
     """``[[token id or text, bias or false], ...]`` or ``{"token id or text": bias or false}``: a token id
@@ -95,8 +101,8 @@ class LogitBias:
     most ``size`` entries (each is tokenized if text and copied into the sampler: ``logit_bias_entry``),
     each text at most ``text`` characters."""
 
-    size: Size = Size(1_000_000, "entries", "logit_bias_entry")
-    text: Size = Size(1024, "characters", each=True)
+    size: Size = _BIAS_ENTRIES
+    text: Size = _BIAS_TEXT
 
     def check(self, value: Any, path: str, ctx: Context) -> None:
         if isinstance(value, list | dict):
@@ -200,7 +206,9 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
         "post_sampling_probs": Field(Bool(), "probabilities after the sampling chain"),
         "lora": Field(
             Json(Size(64 * 1024, "characters of JSON")),
-            "LoRA adapters and scales", who="nobody", why="the supervisor loads no LoRA adapters"
+            "LoRA adapters and scales",
+            who="nobody",
+            why="the supervisor loads no LoRA adapters",
         ),
         "dry_sequence_breakers": Field(_BREAKERS, "DRY sequence breakers"),
         "json_schema": Field(
@@ -209,14 +217,18 @@ LLAMA: Mapping[str, Field] = MappingProxyType(
         ),
         "grammar": Field(Text(PROGRAM_CHARS, "grammar_char"), "constrain the output to a GBNF grammar"),
         "grammar_lazy": Field(Bool(), "apply the grammar only once a trigger appears"),
-        "chat_format": Field(Json(Size(64 * 1024, "characters of JSON")), "chat format", who="nobody", why=_INTERNAL),
+        "chat_format": Field(
+            Json(Size(64 * 1024, "characters of JSON")), "chat format", who="nobody", why=_INTERNAL
+        ),
         # Not null: the chat parser reads it whenever the key is present (``body.at(...).get<string>``).
         "reasoning_format": Field(
             Str(("none", "auto", "deepseek", "deepseek-legacy")), "where reasoning text goes", nullable=False
         ),
         "generation_prompt": Field(Text(), "text appended to the chat template's output"),
         "parse_tool_calls": Field(Bool(), "parse tool calls from the output"),
-        "chat_parser": Field(Json(Size(64 * 1024, "characters of JSON")), "chat parser program", who="nobody", why=_INTERNAL),
+        "chat_parser": Field(
+            Json(Size(64 * 1024, "characters of JSON")), "chat parser program", who="nobody", why=_INTERNAL
+        ),
         "continue_final_message": Field(
             Either((Bool(), Str(("content", "reasoning_content")))), "continue the last message"
         ),

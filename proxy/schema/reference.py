@@ -113,3 +113,33 @@ def sizes() -> Iterator[Found]:
 def bound_names() -> frozenset[str]:
     """The names a tenant's ``field_bounds`` may set."""
     return frozenset(f.path for f in sizes() if f.size is not None)
+
+
+def costs_table() -> str:
+    """docs/security.md's table of the costly values: each entry of the cost table, the bounds computed
+    from it on the demo model and with Gemma 3's 262,144 tokens, and the values it bounds."""
+    from proxy.schema.costs import COSTS, REFERENCE_VOCAB, cost_limit
+
+    where: dict[str, list[str]] = {}
+    for found in sizes():
+        if found.size is not None and found.size.cost is not None:
+            paths = where.setdefault(found.size.cost, [])
+            if found.path not in paths:
+                paths.append(found.path)
+    out = [
+        "| cost entry | bounds | held | measured cost | bound, demo model | bound, 262,144 tokens"
+        " | measured |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
+    for name, c in COSTS.items():
+        most = max(f.size.most for f in sizes() if f.size is not None and f.size.cost == name)
+        demo, _ = cost_limit(name, most, REFERENCE_VOCAB)
+        large, _ = cost_limit(name, most, 262_144)
+        held = "server loop" if c.where == "loop" else "HTTP thread"
+        per = f"{c.seconds * 1e3:.3g} ms per {c.unit}" + (
+            f" at {REFERENCE_VOCAB:,} tokens (x vocabulary)" if c.per_vocab else ""
+        )
+        names = ", ".join(f"`{p}`" for p in where.get(name, []))
+        cells = (f"`{name}`", names, held, per, f"{demo:,}", f"{large:,}", c.source)
+        out.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    return "\n".join(out) + "\n"

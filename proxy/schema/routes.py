@@ -386,7 +386,6 @@ SCHEMAS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
 )
 
 
-
 def with_role(role: Role, schema: str | None = None) -> tuple[str, ...]:
     """The fields that play ``role`` (``Field.roles``), in the order they are declared (the child's order
     of precedence where it reads the first present): of ``schema``, or of every route, each name once."""

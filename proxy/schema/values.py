@@ -240,7 +240,7 @@ class Str:
         return f"string, {self.size.describe()}"
 
 
-def Text(most: int = TEXT_CHARS, cost: str | None = None) -> Str:  # noqa: N802 - reads as a kind
+def Text(most: int = TEXT_CHARS, cost: str | None = None) -> Str:
     """A string the child reads as text (a prompt, a stop string, a grammar)."""
     return Str(size=Size(most, "characters", cost))
 
@@ -303,7 +303,9 @@ class Obj:
             kind.check(value[name], f"{path}.{name}", ctx)
 
     def describe(self) -> str:
-        return f"object ({self.size.describe()}; its JSON text {self.text.describe().removeprefix('at most ')})"
+        return (
+            f"object ({self.size.describe()}; its JSON text {self.text.describe().removeprefix('at most ')})"
+        )
 
 
 # Elements of a list a client writes (messages, tools, names): far beyond any API's (Anthropic: 100,000

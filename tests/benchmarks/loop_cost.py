@@ -85,7 +85,9 @@ CASES: tuple[Case, ...] = (
         "/completion",
         "dry_sequence_breakers",
         (8, 16, 32, 48),
-        lambda n, v: _completion({"dry_multiplier": 0.8, "dry_sequence_breakers": [f"b{i}" for i in range(n)]}),
+        lambda n, v: _completion(
+            {"dry_multiplier": 0.8, "dry_sequence_breakers": [f"b{i}" for i in range(n)]}
+        ),
         per_vocab=True,
     ),
     Case(
@@ -282,11 +284,16 @@ def handle(args: argparse.Namespace) -> int:
                 rows: list[Row] = []
                 for case in cases:
                     for units in case.sizes:
-                        runs = [_send(client, probe, case.path, case.body(units, n_vocab)) for _ in range(args.repeat)]
+                        runs = [
+                            _send(client, probe, case.path, case.body(units, n_vocab))
+                            for _ in range(args.repeat)
+                        ]
                         wall = statistics.median(r[0] for r in runs)
                         held = statistics.median(r[1] for r in runs)
                         body = case.body(units, n_vocab)
-                        chars = len(json.dumps(body.get(case.field), ensure_ascii=False, separators=(",", ":")))
+                        chars = len(
+                            json.dumps(body.get(case.field), ensure_ascii=False, separators=(",", ":"))
+                        )
                         rows.append(Row(case, units, chars, wall, held, runs[-1][2]))
                         print(
                             f"  {case.name}: {units} -> {runs[-1][2]}, wall {wall:.3f} s, held {held:.3f} s",
@@ -302,8 +309,19 @@ def _print(rows: list[Row], n_vocab: int, base_wall: float, base_held: float) ->
     print("| value | units | characters | status | wall s | loop held s |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r.case.name} | {r.units:,} | {r.chars:,} | {r.status} | {r.wall_s:.3f} | {r.held_s:.3f} |")
-    print("\n| value | cost entry | measured on | s per unit | s per character | per unit per vocabulary token |")
+        cells = (
+            r.case.name,
+            f"{r.units:,}",
+            f"{r.chars:,}",
+            str(r.status),
+            f"{r.wall_s:.3f}",
+            f"{r.held_s:.3f}",
+        )
+        print("| " + " | ".join(cells) + " |")
+    print(
+        "\n| value | cost entry | measured on | s per unit | s per character | per unit per vocabulary token"
+        " |"
+    )
     print("|---|---|---|---:|---:|---:|")
     for case in dict.fromkeys(r.case for r in rows):
         mine = [r for r in rows if r.case is case and r.status == 200]

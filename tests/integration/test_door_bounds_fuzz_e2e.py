@@ -38,7 +38,7 @@ N_VOCAB = 49_152
 BODY_LIMIT = 8 * 1024 * 1024
 MESSAGES = [{"role": "user", "content": "Hi"}]
 # Plain bounds this daemon's tenant lowers, so a body at the bound is quick for the child.
-LOWERED = {"prompt": 2000, "messages": 16, "input": 2000, "model": 64, "tools": 8, "stop_sequences": 64}
+LOWERED = {"prompt": 2000, "messages": 16, "input": 2000, "tools": 8, "stop_sequences": 64}
 CONFIG = {"tenants": [{"name": "default", "max_concurrency": 2, "field_bounds": LOWERED}]}
 # A loop held this long is not "bounded by the budget" on any machine; a held loop runs to minutes.
 HELD_LIMIT_S = 2 * BUDGET_S
@@ -79,7 +79,12 @@ _GENERATING = {
 def _costly(route: str, base: dict[str, Any]) -> list[Target]:
     stop = "stop_sequences" if route == "/v1/messages" else "stop"
     return [
-        Target(route, {**base, "dry_multiplier": 0.8}, "dry_sequence_breakers", lambda n: [f"b{i}" for i in range(n)]),
+        Target(
+            route,
+            {**base, "dry_multiplier": 0.8},
+            "dry_sequence_breakers",
+            lambda n: [f"b{i}" for i in range(n)],
+        ),
         Target(route, base, "logit_bias", lambda n: [[i % N_VOCAB, -1.0] for i in range(n)]),
         Target(route, base, stop, lambda n: [f"s{i}" for i in range(n)]),
         Target(route, base, "grammar", _chars_grammar),
@@ -93,7 +98,6 @@ TARGETS: tuple[Target, ...] = (
     Target("/v1/completions", {"model": MODEL, "max_tokens": 1}, "prompt", lambda n: "a" * n),
     Target("/infill", _INFILL, "input_extra", lambda n: [{"text": "x"}] * n),
     Target("/v1/chat/completions", {"max_tokens": 1}, "messages", lambda n: MESSAGES * n),
-    Target("/v1/chat/completions", _CHAT, "model", lambda n: "m" * n),
     Target(
         "/v1/chat/completions",
         _CHAT,
@@ -102,7 +106,9 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("/v1/messages", {"model": MODEL, "max_tokens": 1}, "messages", lambda n: MESSAGES * n),
     Target("/v1/responses", {"model": MODEL, "max_output_tokens": 16}, "input", lambda n: "a" * n),
-    Target("/tokenize", {"parse_special": True}, "content", lambda n: "<|im_start|>" * (n // 12) + "a" * (n % 12)),
+    Target(
+        "/tokenize", {"parse_special": True}, "content", lambda n: "<|im_start|>" * (n // 12) + "a" * (n % 12)
+    ),
 )
 
 
@@ -140,7 +146,10 @@ class SlotsProbe:
 
     def __init__(self, d: Daemon) -> None:
         self._client = httpx.Client(
-            base_url=d.base_url, headers={"Authorization": f"Bearer {d.admin_key}"}, timeout=120, trust_env=False
+            base_url=d.base_url,
+            headers={"Authorization": f"Bearer {d.admin_key}"},
+            timeout=120,
+            trust_env=False,
         )
         self._spans: list[tuple[float, float, int]] = []
         self._stop = threading.Event()
@@ -152,7 +161,7 @@ class SlotsProbe:
             start = time.monotonic()
             status = self._client.get("/slots").status_code
             self._spans.append((start, time.monotonic(), status))
-            time.sleep(0.005)
+            time.sleep(0.05)  # a hold over the budget is 20 probes long; more would load the 2 cores
 
     def longest(self, since: float, until: float) -> float:
         return max((b - a for a, b, _ in list(self._spans) if b >= since and a <= until), default=0.0)
@@ -164,8 +173,15 @@ class SlotsProbe:
         assert all(s == 200 for _, _, s in self._spans)
 
 
-def _size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":")))
+def _unit_bytes(t: Target) -> float:
+    """Bytes of JSON a unit of ``t``'s value takes (measured on 100 units)."""
+    return len(json.dumps(t.make(100), separators=(",", ":"))) / 100
+
+
+def _no_fim(t: Target, r: httpx.Response) -> bool:
+    """``/infill`` on a model without FIM tokens: the child's 501 (the door refusing it instead is issue
+    54's item 4, another change). The size bound let the body through, which is what is tested here."""
+    return t.route == "/infill" and r.status_code == 501
 
 
 @pytest.mark.timeout(600)
@@ -184,23 +200,26 @@ def test_every_bounded_field_passes_at_its_bound_and_is_refused_beyond(daemon_fa
                 started = time.monotonic()
                 r = c.post(d.base_url + t.route, json={**t.base, t.field: t.make(bound)}, headers=headers)
                 held = probe.longest(started, time.monotonic())
-                if r.status_code >= 500 or _door_refusal(r):
+                if _door_refusal(r) or (r.status_code >= 500 and not _no_fim(t, r)):
                     bad.append(f"{t.route} {t.field} at its bound {bound}: {r.status_code} {r.text[:200]}")
                 passed += 1
                 if held > HELD_LIMIT_S:
                     held_over.append(f"{t.route} {t.field} at {bound}: the loop held {held:.2f} s")
                 # Beyond: refused at the door, naming the field and the bound.
+                sent: set[int] = set()
                 for times in (10, 100, 1000):
-                    value = t.make(bound * times)
-                    while _size(value) > BODY_LIMIT - 64 * 1024 and times > 1:
-                        times //= 10  # the largest multiple the door's body limit lets through
-                        value = t.make(bound * times)
-                    if times <= 1:
-                        value = t.make(bound + 1)
-                    r = c.post(d.base_url + t.route, json={**t.base, t.field: value}, headers=headers)
-                    if not (_door_refusal(r) and t.field in r.text and "the bound" in r.text):
-                        bad.append(f"{t.route} {t.field} at {times}x {bound}: {r.status_code} {r.text[:200]}")
                     refused += 1
+                    # The largest multiple the door's body limit lets through (a larger body is its 413,
+                    # by Content-Length, before a byte is read), each sent once.
+                    while times > 1 and bound * times * _unit_bytes(t) > BODY_LIMIT - 64 * 1024:
+                        times //= 10
+                    count = bound * times if times > 1 else bound + 1
+                    if count in sent:
+                        continue
+                    sent.add(count)
+                    r = c.post(d.base_url + t.route, json={**t.base, t.field: t.make(count)}, headers=headers)
+                    if not (_door_refusal(r) and t.field in r.text and "bound '" in r.text):
+                        bad.append(f"{t.route} {t.field} at {times}x {bound}: {r.status_code} {r.text[:200]}")
     finally:
         probe.close()
     assert not bad, "\n".join(bad)

@@ -70,11 +70,16 @@ def _refused_naming(r: httpx.Response, route: str, field: str) -> None:
     assert f"'{field}'" in message and "the bound" in message, message
 
 
-def test_costly_shapes_are_refused_on_every_route_and_the_loop_stays_free(daemon_factory: DaemonFactory) -> None:
+def test_costly_shapes_are_refused_on_every_route_and_the_loop_stays_free(
+    daemon_factory: DaemonFactory,
+) -> None:
     d = daemon_factory()
     pid = d.child_pid
     generation = d.readyz()[1]["generation"]
-    bodies = [(route, body, field or ("stop_sequences" if route == "/v1/messages" else "stop")) for route, body, field in SHAPES]
+    bodies = [
+        (route, body, field or ("stop_sequences" if route == "/v1/messages" else "stop"))
+        for route, body, field in SHAPES
+    ]
     sent = 0
     with httpx.Client(timeout=60, trust_env=False) as c:
         inference = {"Authorization": f"Bearer {d.inference_key}", "x-api-key": d.inference_key}

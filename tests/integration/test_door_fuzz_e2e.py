@@ -371,7 +371,11 @@ def kind_disagreements(schema_fields: list[SchemaField]) -> list[str]:
 
 def test_a_declared_kind_other_than_the_sources_is_named() -> None:
     """The comparison above finds a mismatch (so its silence means agreement)."""
-    fields = [SchemaField("num", ("top_k",)), SchemaField("bool", ("stream",)), SchemaField("str", ("grammar",))]
+    fields = [
+        SchemaField("num", ("top_k",)),
+        SchemaField("bool", ("stream",)),
+        SchemaField("str", ("grammar",)),
+    ]
     assert kind_disagreements(fields) == []
     fields.append(SchemaField("bool", ("top_p",)))
     assert kind_disagreements(fields) == ["top_p: field_bool in the source, Num here"]

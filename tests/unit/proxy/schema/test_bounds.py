@@ -18,7 +18,8 @@ from proxy.schema.bounds import MAX_TOKEN_FIELDS
 from proxy.schema.costs import BUDGET_S, COSTS, REFERENCE_VOCAB, UNKNOWN_VOCAB, cost_limit
 from proxy.schema.reference import Found, bound_names, sizes, walk
 from proxy.schema.routes import SCHEMAS, is_prompt_list, with_role
-from proxy.schema.values import Arr, Context as Ctx, Size, Str
+from proxy.schema.values import Arr, Size, Str
+from proxy.schema.values import Context as Ctx
 from proxy.settings import TenantSettings
 from proxy.telemetry import request as telemetry_request
 from supervisor.config.load import parse_config
@@ -29,7 +30,9 @@ T = TenantSettings("t", max_concurrency=2)
 DEMO = 49_152
 
 
-def check(schema: str, payload: dict[str, Any], tenant: TenantSettings = T, n_vocab: int | None = DEMO) -> None:
+def check(
+    schema: str, payload: dict[str, Any], tenant: TenantSettings = T, n_vocab: int | None = DEMO
+) -> None:
     check_body(schema, payload, Context(tenant, False, 4, n_vocab), "refuse")
 
 
@@ -137,7 +140,9 @@ def test_a_tenants_field_bounds_replace_the_default_by_name() -> None:
     check("completion", {"prompt": "a", "dry_sequence_breakers": ["x"] * 2000}, tenant=wide)
     with pytest.raises(FieldError) as refused:
         check("completion", {"prompt": "a", "dry_sequence_breakers": ["x"] * 2001}, tenant=wide)
-    assert "this tenant's bound 'dry_sequence_breakers' (tenants[].field_bounds) is 2000" in str(refused.value)
+    assert "this tenant's bound 'dry_sequence_breakers' (tenants[].field_bounds) is 2000" in str(
+        refused.value
+    )
     # Lower too, and for nested values: by the path without indices.
     with pytest.raises(FieldError) as refused:
         check("completion", {"prompt": "a", "stop": ["abcd", "abcde"]}, tenant=wide)
@@ -210,7 +215,8 @@ def test_a_real_clients_body_is_inside_every_bound() -> None:
         },
     )
     tools = [
-        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(128)
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+        for i in range(128)
     ]
     check("chat", {"messages": [{"role": "user", "content": "x"}] * 1000, "tools": tools[:32]})
 
