@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from proxy.errors import BadRequest
-from proxy.schema.costs import REFERENCE_VOCAB, cost_limit
+from proxy.schema.costs import COSTS, REFERENCE_VOCAB, cost_limit
 from proxy.settings import TenantSettings
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -64,6 +64,9 @@ class Context:
     admin: bool
     capacity: int  # the child's slots now (0: unknown)
     n_vocab: int | None  # tokens in the model's vocabulary (None: unknown, any int32 id passes)
+    # What the request's costly values hold the child for, by where ("loop", "http") and path, in
+    # seconds, from the cost table (``Size.check``); ``check_body`` sums it against the budget.
+    spent: dict[str, dict[str, float]] = field(default_factory=dict, compare=False)
 
 
 # A bound fixed by the pinned server, or one that depends on the request: (limit, whose limit).
@@ -109,6 +112,12 @@ class Size:
         most, whose = self.limit(path, ctx)
         if count > most:
             raise FieldError(path, f"has {count} {self.unit}; {whose} is {most}")
+        if self.cost is not None and not whose.startswith("this tenant's"):
+            # Within its own bound: counted toward the request's budget (a tenant's own bound is its
+            # operator's choice to spend more, and is not).
+            entry = COSTS[self.cost]
+            where = ctx.spent.setdefault(entry.where, {})
+            where[path] = where.get(path, 0.0) + count * entry.at(ctx.n_vocab)
 
     def describe(self) -> str:
         if self.cost is None:

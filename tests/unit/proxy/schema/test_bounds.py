@@ -229,3 +229,29 @@ def test_an_unused_size_does_not_cost_a_name() -> None:
     with pytest.raises(FieldError, match=r"'a\[3\]\.b' has 11 elements; the bound 'a\[\]\.b'"):
         size.check(11, "a[3].b", ctx)
     assert Str().size.most == 1024
+
+
+def test_costly_values_together_are_held_to_the_budget() -> None:
+    """Each at 60 % of its own bound passes alone; together they are over the request's budget."""
+    dry = int(0.6 * cost_limit("dry_breaker", 1024, DEMO)[0])
+    grammar = 'root ::= "' + "a" * int(0.6 * cost_limit("grammar_char", 10**6, DEMO)[0]) + '"'
+    check("completion", {"prompt": "a", "dry_sequence_breakers": ["x"] * dry})
+    check("completion", {"prompt": "a", "grammar": grammar})
+    with pytest.raises(FieldError) as refused:
+        check("completion", {"prompt": "a", "dry_sequence_breakers": ["x"] * dry, "grammar": grammar})
+    message = str(refused.value)
+    assert refused.value.param in ("dry_sequence_breakers", "grammar")
+    assert (
+        "server loop for about 1.2 s" in message
+        and "'grammar'" in message
+        and "the bound of a request is 1 s" in message
+    )
+    # A tenant's own bound is its operator's choice: not counted.
+    wide = TenantSettings("w", field_bounds=MappingProxyType({"dry_sequence_breakers": 1000}))
+    check(
+        "completion", {"prompt": "a", "dry_sequence_breakers": ["x"] * dry, "grammar": grammar}, tenant=wide
+    )
+    # Checked per request: a Context used again starts from nothing.
+    ctx = Context(T, False, 4, DEMO)
+    for _ in range(3):
+        check_body("completion", {"prompt": "a", "grammar": grammar}, ctx, "refuse")
