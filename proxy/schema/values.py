@@ -106,18 +106,32 @@ class Size:
         return self.most, f"the bound '{name}' (tenants[].field_bounds raises it)"
 
     def check(self, count: int, path: str, ctx: Context) -> None:
-        # The common case without a name or a division: well inside the plain most.
+        # The name (a regular expression over the path) only where a tenant has bounds of its own or
+        # for a refusal: the common case is one comparison (tests/benchmarks/schema.py).
         if count <= self.most and self.cost is None and not ctx.tenant.field_bounds:
             return
-        most, whose = self.limit(path, ctx)
+        if ctx.tenant.field_bounds and bound_name(path) in ctx.tenant.field_bounds:
+            most, whose = self.limit(path, ctx)
+            if count > most:
+                raise FieldError(path, f"has {count} {self.unit}; {whose} is {most}")
+            return  # a tenant's own bound is its operator's choice to spend more: not counted
+        if self.cost is None:
+            if count > self.most:
+                raise FieldError(path, f"has {count} {self.unit}; {self.limit(path, ctx)[1]} is {self.most}")
+            return
+        most, _ = cost_limit(self.cost, self.most, ctx.n_vocab)
         if count > most:
-            raise FieldError(path, f"has {count} {self.unit}; {whose} is {most}")
-        if self.cost is not None and not whose.startswith("this tenant's"):
-            # Within its own bound: counted toward the request's budget (a tenant's own bound is its
-            # operator's choice to spend more, and is not).
-            entry = COSTS[self.cost]
-            where = ctx.spent.setdefault(entry.where, {})
-            where[path] = where.get(path, 0.0) + count * entry.at(ctx.n_vocab)
+            raise FieldError(path, f"has {count} {self.unit}; {self.limit(path, ctx)[1]} is {most}")
+        # Within its own bound: counted toward the request's budget (``check_body``).
+        entry = COSTS[self.cost]
+        where = ctx.spent.setdefault(entry.where, {})
+        where[path] = where.get(path, 0.0) + count * entry.at(ctx.n_vocab)
+
+    def counts(self, ctx: Context) -> bool:
+        """Whether a value's size must be counted at all: not where its most is as large as any body
+        (``TEXT_CHARS``) and neither a cost nor a tenant's bound applies (a JSON text is not made for
+        nothing)."""
+        return self.most < TEXT_CHARS or self.cost is not None or bool(ctx.tenant.field_bounds)
 
     def describe(self) -> str:
         if self.cost is None:
@@ -262,7 +276,7 @@ class Json:
     size: Size = Size(TEXT_CHARS, "characters of JSON")
 
     def check(self, value: Any, path: str, ctx: Context) -> None:
-        if isinstance(value, str | list | dict):
+        if isinstance(value, str | list | dict) and self.size.counts(ctx):
             self.size.check(json_chars(value), path, ctx)
 
     def describe(self) -> str:
@@ -297,7 +311,7 @@ class Obj:
         if not isinstance(value, dict):
             raise FieldError(path, f"must be an object, not {_kind(value)}")
         self.size.check(len(value), path, ctx)
-        if self.fields is None or any(k not in self.fields for k in value):
+        if self.text.counts(ctx) and (self.fields is None or any(k not in self.fields for k in value)):
             self.text.check(json_chars(value), path, ctx)
         for name in self.required:
             if name not in value:
