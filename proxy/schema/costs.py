@@ -48,12 +48,12 @@ class UnitCost:
         return self.seconds * (n_vocab or UNKNOWN_VOCAB) / REFERENCE_VOCAB
 
 
-# Measured with ``python -m tests.benchmarks.loop_cost`` on 2 shared cores (2026-12-07): the slope of
-# the longest ``/slots`` probe (loop) or of the request's time (http) over the units; where two runs
-# differed, the larger. Values that hold neither for long at any size the body limit lets through are
-# not here (token-id logit biases: 0.1 s for the whole vocabulary; stop strings and n_probs: a few ms a
-# token step at 4,000 and 10,000; tools with a required tool call: under 40 ms at 128): their bounds are
-# plain.
+# Measured with ``python -m tests.benchmarks.loop_cost`` on 2 shared cores (2026-12-07, load average
+# about 10): the slope of the longest ``/slots`` probe (loop) or of the request's time (http) over the
+# units; where runs differed, the largest. Values that hold neither for long at any size the body limit
+# lets through are not here (token-id logit biases: 0.1 s for the whole vocabulary; stop strings and
+# n_probs: a few ms a token step at 4,000 and 10,000; tools with a required tool call: under 40 ms at
+# 128): their bounds are plain.
 COSTS: Mapping[str, UnitCost] = MappingProxyType(
     {
         "dry_breaker": UnitCost(
@@ -62,7 +62,7 @@ COSTS: Mapping[str, UnitCost] = MappingProxyType(
             "loop",
             True,
             "DRY's setup scans every token's text for each breaker (llama_sampler_init_dry):"
-            " 8 breakers 0.37 s, 16 0.70 s, 32 1.28 s, 48 1.65 s; 29 and 32 ms each in two runs",
+            " 8 breakers 0.37 s, 16 0.70 s, 32 1.28 s, 48 1.65 s; 29 to 33 ms each in four runs",
         ),
         "logit_bias_entry": UnitCost(
             0.2e-3,
@@ -78,8 +78,8 @@ COSTS: Mapping[str, UnitCost] = MappingProxyType(
             "loop",
             False,
             "the grammar is parsed and its stacks built at the sampler's setup: 1,000 alternatives"
-            " (11 KB) 0.62 s, 3,000 (35 KB) 1.69 s, 5,000 2.4 s; 45 and 53 us a character in two runs;"
-            " long rule chains cost less (3,000 rules, 91 KB: 0.05 s)",
+            " (11 KB) 0.62 s, 3,000 (35 KB) 1.26 to 1.69 s, 5,000 2.4 s; 34 to 53 us a character in"
+            " three runs; long rule chains cost less (3,000 rules, 91 KB: 0.05 s)",
         ),
         "json_schema_char": UnitCost(
             40e-6,
@@ -87,7 +87,7 @@ COSTS: Mapping[str, UnitCost] = MappingProxyType(
             "loop",
             False,
             "a JSON schema becomes a grammar, parsed at setup: an enum of 2,000 strings (23 KB) 0.56 to"
-            " 1.2 s, 4,000 (47 KB) 1.36 to 1.89 s (28 and 37 us a character in two runs), and as long"
+            " 1.2 s, 4,000 (47 KB) 1.36 to 1.89 s (28 to 37 us a character in three runs), and as long"
             " again in an HTTP thread converting it",
         ),
         "tokenize_char": UnitCost(
@@ -96,8 +96,8 @@ COSTS: Mapping[str, UnitCost] = MappingProxyType(
             "http",
             False,
             "/tokenize with parse_special splits the text at every special token, more than linearly:"
-            " 80,000 characters 0.45 s, 240,000 4.8 s, 600,000 (50,000 special tokens) 7 s (issue 54);"
-            " 10 us a character is its cost at about 100,000",
+            " 80,000 characters 0.28 to 0.45 s, 240,000 3.1 to 4.8 s, 600,000 (50,000 special tokens)"
+            " 7 s (issue 54); 10 us a character is its cost at about 100,000",
         ),
     }
 )

@@ -11,9 +11,11 @@ loop was held (a probe that arrives as the hold starts waits all of it). Work do
 shows in the request's wall time instead, and the table prints both.
 
 Each value is sent at a few sizes to a bare llama-server (the argv llamagate gives its child, 2 slots);
-the cost per unit is the slope of the held time (for stop strings and ``n_probs``, which cost at every
-generated token rather than at setup, of the wall time per generated token) over the units, by least
-squares; where the cost scales with the vocabulary (DRY), it is also printed per vocabulary token.
+the cost per unit is the slope, by least squares, of the held time and of the request's time over the
+units (stop strings and ``n_probs`` cost at each generated token: their held time is one token step);
+per character of the bounded field's JSON text by the time where the cost table says it is held (loop
+or HTTP thread); where the cost scales with the vocabulary (DRY), also per vocabulary token. The wall
+times include the machine's noise (another process's turn): on a busy host, run it twice.
 About two minutes on 2 cores. Writes nothing; prints the table and the per-unit figures.
 """
 
@@ -33,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from proxy.schema.costs import COSTS
 from supervisor.bench.launcher import BareServer, start_llama_server
 from supervisor.progress import ConsoleProgress
 from tests.benchmarks import cli
@@ -48,7 +51,7 @@ class Case:
     generated token (``tokens`` of them), not once at setup."""
 
     name: str
-    cost: str  # the cost table's entry (proxy/schema/costs.py)
+    cost: str  # the cost table's entry (proxy/schema/costs.py), or "-": measured, found cheap
     unit: str
     path: str
     field: str  # the body field whose size the door bounds (its JSON text's characters are printed)
@@ -110,7 +113,7 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "stop strings",
-        "stop_string",
+        "-",
         "stop string",
         "/completion",
         "stop",
@@ -120,7 +123,7 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "n_probs",
-        "n_probs",
+        "-",
         "probability",
         "/completion",
         "n_probs",
@@ -130,7 +133,7 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "tools",
-        "tool",
+        "-",
         "tool",
         "/v1/chat/completions",
         "tools",
@@ -318,23 +321,28 @@ def _print(rows: list[Row], n_vocab: int, base_wall: float, base_held: float) ->
             f"{r.held_s:.3f}",
         )
         print("| " + " | ".join(cells) + " |")
-    print(
-        "\n| value | cost entry | measured on | s per unit | s per character | per unit per vocabulary token"
-        " |"
-    )
-    print("|---|---|---|---:|---:|---:|")
+    head = ("value", "cost entry", "held s per unit", "wall s per unit", "s per character", "per vocab token")
+    print("\n| " + " | ".join(head) + " |")
+    print("|---|---|---:|---:|---:|---:|")
     for case in dict.fromkeys(r.case for r in rows):
         mine = [r for r in rows if r.case is case and r.status == 200]
-        if case.path == "/tokenize":
-            # Tokenized in an HTTP thread: the loop is not held, the request's own time is the cost.
-            key, on = "wall_s", "wall (HTTP thread)"
-        else:
-            # At setup, or (stop strings, n_probs) at each token step: the longest probe is one hold.
-            key, on = "held_s", "loop held" + (" per token" if case.per_token else "")
-        slope = _slope([(r.units, getattr(r, key)) for r in mine])
+        # The loop held (at setup, or for stop strings and n_probs at each token step: the longest probe
+        # is one hold), and the request's own time (work in an HTTP thread shows only there).
+        held = _slope([(r.units, r.held_s) for r in mine])
+        wall = _slope([(r.units, r.wall_s) for r in mine])
+        entry = COSTS.get(case.cost)
+        key = "wall_s" if entry is not None and entry.where == "http" else "held_s"
         per_char = _slope([(r.chars, getattr(r, key)) for r in mine])
-        vocab = f"{slope / n_vocab:.3g}" if case.per_vocab else "-"
-        print(f"| {case.name} ({case.unit}) | {case.cost} | {on} | {slope:.3g} | {per_char:.3g} | {vocab} |")
+        vocab = f"{held / n_vocab:.3g}" if case.per_vocab else "-"
+        cells = (
+            f"{case.name} ({case.unit})",
+            case.cost,
+            f"{held:.3g}",
+            f"{wall:.3g}",
+            f"{per_char:.3g}",
+            vocab,
+        )
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
