@@ -136,6 +136,10 @@ class TenantSettings:
     max_concurrency_total: int | None = None
     # Tokens and requests per minute and per day (``proxy.accounts.budgets``); all None: no budget.
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    # The request schema's size bounds this tenant has its own value of (``proxy.schema.values.Size``):
+    # a bound's name (the value's path without indices: ``dry_sequence_breakers``, ``stop[]``) -> its
+    # most; the others keep the door's default. Not part of the hash (a mapping is not hashable).
+    field_bounds: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
 
 @dataclass(frozen=True)

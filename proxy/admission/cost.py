@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.errors import BadRequest
+from proxy.schema.routes import is_prompt_list, with_role
 from proxy.settings import TenantSettings
 
 # How a request is counted (each route's ``cost`` in ``proxy.routes.table``). chat: /v1/chat/completions
@@ -67,30 +68,28 @@ def _size(kind: CostKind, payload: dict[str, Any], tenant: TenantSettings, capac
     return sequences, slots
 
 
+# The schema's fields that say how many completions (``n_cmpl`` first, then its alias ``n``: the child's
+# precedence) and which hold the prompts of each kind (the first present is read, as the child does:
+# ``input`` else ``content``; ``documents`` else ``texts``).
+_N_FIELDS = with_role("n", "completion")
+_PROMPT_FIELDS: dict[CostKind, tuple[str, ...]] = {
+    "completion": with_role("prompts", "completion"),
+    "embedding": with_role("prompts", "embeddings"),
+    "rerank": with_role("documents", "rerank"),
+}
+
+
 def _n(payload: dict[str, Any]) -> int:
-    # Same precedence as the child: n_cmpl first, then its alias n.
-    for name in ("n_cmpl", "n"):
+    for name in _N_FIELDS:
         value = payload.get(name)
         if value is not None:
             return int(value)
     return 1
 
 
-def _is_prompt_list(value: Any) -> bool:
-    # tokenize_input_prompts: an array is a list of prompts unless an integer sits at its top level
-    # (json is_number_integer: bool is not one, neither is a float).
-    return isinstance(value, list) and not any(isinstance(e, int) and not isinstance(e, bool) for e in value)
-
-
 def _prompts(kind: CostKind, payload: dict[str, Any]) -> int:
     if kind == "chat":
         return 1
-    if kind == "rerank":
-        docs = payload.get("documents", payload.get("texts"))
-        return len(docs) if isinstance(docs, list) and docs else 1
-    if kind == "embedding":
-        prompt = payload["input"] if "input" in payload else payload.get("content")
-    else:
-        prompt = payload.get("prompt")
+    prompt = next((payload[name] for name in _PROMPT_FIELDS[kind] if name in payload), None)
     # An empty array is refused by the child itself ("prompt must not be empty"): count it as one.
-    return len(prompt) if _is_prompt_list(prompt) and prompt else 1
+    return len(prompt) if is_prompt_list(prompt) and prompt else 1

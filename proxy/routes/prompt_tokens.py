@@ -11,6 +11,7 @@ from typing import Any
 
 from proxy.asgi import body
 from proxy.errors import BadRequest, UpstreamFailure, UpstreamTimeout
+from proxy.schema.routes import with_role
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
 from proxy.upstream.connection import UpstreamClosed
@@ -18,8 +19,9 @@ from proxy.upstream.connection import UpstreamClosed
 # How long the charge of a request cut short waits for the child to count its prompt.
 CHARGE_COUNT_S = 5.0
 # Where a request's prompt text is, by dialect: chat messages, completions' prompt, embeddings' input,
-# Anthropic's system, Responses' instructions and input.
-_PROMPT_FIELDS = ("messages", "prompt", "input", "content", "system", "instructions", "suffix", "input_extra")
+# Anthropic's system, Responses' instructions and input, infill's prefix, suffix and files: every field
+# the schema declares a ``prompt``.
+_PROMPT_FIELDS = with_role("prompt")
 
 
 def estimate_prompt_tokens(payload: dict[str, Any]) -> int:

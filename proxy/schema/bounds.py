@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.schema.routes import with_role
 from proxy.settings import TenantSettings
 
 # Fields that bound the number of generated tokens, in the OpenAI API (Responses: max_output_tokens)
-# and llama.cpp's own (n_predict, with its aliases max_tokens and max_completion_tokens).
-MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
+# and llama.cpp's own (n_predict, with its aliases max_tokens and max_completion_tokens): every field
+# the schema declares a ``token_cap``, so a new spelling is capped as soon as it is declared.
+MAX_TOKEN_FIELDS = with_role("token_cap")
 
 # Fields that make llama-server send prompt-cache detail with every event.
 CACHE_DETAIL_REQUESTS = ("timings_per_token", "return_progress")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.schema.bounds import bound_generation
+from proxy.schema.costs import BUDGET_S
 from proxy.schema.fields import Field
 from proxy.schema.media import check_inputs
 from proxy.schema.programs import check_exclusive
@@ -28,6 +29,7 @@ def check_body(
     settings drop and rewriting what the tenant's bounds rewrite. True when the body changed."""
     fields = SCHEMAS[schema]
     rewritten = False
+    ctx.spent.clear()
     for name in list(payload):
         value = payload[name]
         field = fields.get(name)
@@ -51,9 +53,28 @@ def check_body(
                 raise FieldError(name, "must not be null")
             continue
         field.value.check(value, name, ctx)
+    _within_budget(ctx)
     if generates:
         rewritten = bound_generation(schema == "chat", payload, ctx.tenant, ctx.admin) or rewritten
     return rewritten
+
+
+def _within_budget(ctx: Context) -> None:
+    """Each costly value is within its own bound; together they must fit the budget too (a request with
+    DRY breakers, a grammar and a JSON schema each at its bound would hold the loop three times as
+    long). Refused naming the costliest."""
+    for where, spent in ctx.spent.items():
+        total = sum(spent.values())
+        if total <= BUDGET_S * (1 + 1e-9):
+            continue
+        worst = max(spent, key=lambda path: spent[path])
+        parts = ", ".join(f"'{path}' {seconds:.2g} s" for path, seconds in spent.items())
+        held = "llama-server's server loop" if where == "loop" else "an HTTP thread of llama-server"
+        raise FieldError(
+            worst,
+            f"and the request's other costly values would hold {held} for about {total:.2g} s ({parts});"
+            f" the bound of a request is {BUDGET_S:g} s (docs/security.md): send fewer or smaller",
+        )
 
 
 def check_request(

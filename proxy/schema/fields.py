@@ -15,6 +15,13 @@ from proxy.schema.values import Value
 
 Who = Literal["any", "admin", "nobody"]
 
+# What a field means to the rest of the proxy, declared here once and read by it (``proxy.schema.roles``):
+# ``token_cap``: a spelling of the most tokens to generate (the tenant's ``max_tokens`` caps each one);
+# ``n``: completions per prompt (the first present wins, as in the child); ``prompt``: text that becomes
+# the prompt (the estimate of its tokens); ``prompts``: a prompt or a list of prompts, each a task of
+# its own in the child (the first present is read); ``documents``: rerank's documents, one task each.
+Role = Literal["token_cap", "n", "prompt", "prompts", "documents"]
+
 
 @dataclass(frozen=True, slots=True)
 class Field:
@@ -27,3 +34,5 @@ class Field:
     why: str = ""
     # ``admin``: an inference key's value that is the default anyway, dropped without a word.
     default: object = ...
+    # What the field means beyond its value (``Role``): none for most.
+    roles: tuple[Role, ...] = ()

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.schema.values import Context, FieldError, Value, _kind
+from proxy.schema.values import Context, FieldError, Value
 
 
 @dataclass(frozen=True, slots=True)
@@ -971,11 +971,13 @@ def _refuse(path: str, err: ProgramError, what: str) -> FieldError:
 
 @dataclass(frozen=True, slots=True)
 class Grammar:
-    """A GBNF grammar, read as the child's parser reads it and bounded in what it costs the child."""
+    """A GBNF grammar, read as the child's parser reads it and bounded in what it costs the child.
+    ``text``: the string it must be first, with its size bound (``proxy.schema.costs``: per character)."""
+
+    text: Value
 
     def check(self, value: Any, path: str, ctx: Context) -> None:
-        if not isinstance(value, str):
-            raise FieldError(path, f"must be a string, not {_kind(value)}")
+        self.text.check(value, path, ctx)
         if not value:
             return
         try:
@@ -985,23 +987,23 @@ class Grammar:
 
     def describe(self) -> str:
         return (
-            f"GBNF grammar (nesting <= {GRAMMAR.nesting}, rules <= {GRAMMAR.rules}, "
+            f"GBNF grammar, {self.text.describe()} (nesting <= {GRAMMAR.nesting}, rules <= {GRAMMAR.rules}, "
             f"alternatives <= {GRAMMAR.alternatives}, elements <= {GRAMMAR.elements})"
         )
 
 
 @dataclass(frozen=True, slots=True)
 class JsonSchema:
-    """A JSON schema the child converts to a grammar, bounded in what the conversion costs. ``allow_bool``:
-    ``true``/``false`` pass (``json_schema`` may be one)."""
+    """A JSON schema the child converts to a grammar, bounded in what the conversion costs. ``shape``: what
+    the value must be first (an object with its size bound, or ``Either`` of that and a boolean where
+    ``true``/``false`` pass, as ``json_schema`` may be one)."""
 
-    allow_bool: bool = False
+    shape: Value
 
     def check(self, value: Any, path: str, ctx: Context) -> None:
-        if isinstance(value, bool) and self.allow_bool:
-            return
+        self.shape.check(value, path, ctx)
         if not isinstance(value, dict):
-            raise FieldError(path, f"must be an object, not {_kind(value)}")
+            return
         try:
             measure_schema(value, schema_limits(ctx))
         except ProgramError as err:
@@ -1009,9 +1011,9 @@ class JsonSchema:
 
     def describe(self) -> str:
         return (
-            f"JSON schema (nodes <= {SCHEMA.nodes}, enum members <= {SCHEMA.enum_members}, "
-            f"properties <= {SCHEMA.properties}, $ref chain <= {SCHEMA.ref_chain})"
-        ) + (" or boolean" if self.allow_bool else "")
+            f"JSON schema, {self.shape.describe()} (nodes <= {SCHEMA.nodes}, enum members <= "
+            f"{SCHEMA.enum_members}, properties <= {SCHEMA.properties}, $ref chain <= {SCHEMA.ref_chain})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from proxy.schema.fields import Field
-from proxy.schema.llama import LLAMA, logprob_limit
+from proxy.schema.fields import Field, Role
+from proxy.schema.llama import LLAMA, PROGRAM_CHARS, SCHEMA_TEXT, STOP_STRINGS, logprob_limit
 from proxy.schema.programs import JsonSchema, Tools
 from proxy.schema.values import (
+    TEXT_CHARS,
     TOKEN,
+    TOKENS,
     Arr,
     Bool,
     Context,
@@ -31,7 +33,9 @@ from proxy.schema.values import (
     Json,
     Num,
     Obj,
+    Size,
     Str,
+    Text,
     TokenList,
 )
 
@@ -42,34 +46,57 @@ def prompt_limit(ctx: Context) -> tuple[float, str]:
     return ctx.tenant.max_prompts, "this tenant's limit is"
 
 
+def is_prompt_list(value: Any) -> bool:
+    """``tokenize_input_prompts``: an array is a list of prompts unless an integer sits at its top level
+    (json ``is_number_integer``: a boolean is not one, nor is a float). The schema and admission's cost
+    (``proxy.admission.cost``) read a prompt by this one rule."""
+    return isinstance(value, list) and not any(isinstance(e, int) and not isinstance(e, bool) for e in value)
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """A prompt as ``tokenize_input_prompts`` reads it: a string; an array with an integer at its top
     level is one prompt of tokens (strings mixed in); any other array is a list of prompts (strings,
     token arrays, ``{"prompt_string": ...}`` objects), at most the tenant's ``max_prompts``."""
 
+    text: Size
+    one: Obj  # {"prompt_string": ..., "multimodal_data": [...]}
+    tokens: TokenList
+    prompts: Arr
+
     def check(self, value: Any, path: str, ctx: Context) -> None:
         if isinstance(value, str):
+            self.text.check(len(value), path, ctx)
             return
         if isinstance(value, dict):
-            _ONE.check(value, path, ctx)
+            self.one.check(value, path, ctx)
             return
         if not isinstance(value, list):
             raise FieldError(path, "must be a string, an array of token ids or an array of prompts")
-        if any(isinstance(e, int) and not isinstance(e, bool) for e in value):
-            TokenList().check(value, path, ctx)
+        if not is_prompt_list(value):
+            self.tokens.check(value, path, ctx)
             return
-        _LIST.check(value, path, ctx)
+        self.prompts.check(value, path, ctx)
 
     def describe(self) -> str:
-        return "string, array of token ids, or array of prompts (at most the tenant's max_prompts)"
+        return (
+            f"string ({self.text.describe()}), array of token ids, or array of prompts"
+            " (at most the tenant's max_prompts)"
+        )
 
 
-_ONE = Obj({"prompt_string": Str(), "multimodal_data": Arr(Str())}, required=("prompt_string",))
-_LIST = Arr(Either((Str(), TokenList(), _ONE)), max_items=prompt_limit)
-PROMPT = Prompt()
+# Media parts of a multimodal prompt (base64): as many as a client may attach to one message.
+_MEDIA = Arr(Text(), size=Size(256, "elements"))
+_ONE = Obj({"prompt_string": Text(), "multimodal_data": _MEDIA}, required=("prompt_string",))
+_TOKENS = TokenList()
+_LIST = Arr(Either((Text(), _TOKENS, _ONE)), max_items=prompt_limit, size=Size(TOKENS, "elements"))
+PROMPT = Prompt(Size(TEXT_CHARS, "characters"), _ONE, _TOKENS, _LIST)
 
-_ANY = Field(Json(), "accepted for the SDKs; llama-server does not read it")
+# What an SDK sends that llama-server never reads (metadata, prediction, web search options...): at most
+# 1 MiB of JSON each, far beyond the OpenAI API's own (metadata: 16 pairs of 64 and 512 characters).
+_ANY = Field(
+    Json(Size(1024 * 1024, "characters of JSON")), "accepted for the SDKs; llama-server does not read it"
+)
 
 
 def _sdk_only(*names: str) -> dict[str, Field]:
@@ -77,14 +104,44 @@ def _sdk_only(*names: str) -> dict[str, Field]:
     return dict.fromkeys(names, _ANY)
 
 
-_MESSAGES = Field(Arr(Obj()), "the conversation", nullable=False)
+# The SDK-only names both OpenAI bodies (chat completions and Responses) carry.
+_SDK_COMMON = (
+    "metadata",
+    "moderation",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "service_tier",
+    "store",
+    "user",
+)
+
+# Anthropic allows 100,000 messages in one request; each message an object of a few members.
+_MESSAGES = Field(
+    Arr(Obj(), size=Size(100_000, "elements")), "the conversation", nullable=False, roles=("prompt",)
+)
+# OpenAI takes at most 128 tools; each adds rules to the tool-call grammar the child parses at the
+# request's setup (128 with a required call: under 40 ms, tests/benchmarks/loop_cost.py). A tool's
+# parameters is a JSON schema (``proxy.schema.programs`` bounds its structure).
+_TOOL_COUNT = Size(1024, "elements")
+_PARAMETERS = Obj(text=Size(PROGRAM_CHARS, "characters of JSON"))
 # Chat's tools as ``common_chat_tools_parse_oaicompat`` reads them: any other shape is the child's 500.
 _FUNCTION = Obj(
-    {"name": Str(), "description": Str(), "parameters": JsonSchema()}, required=("name",), nulls=False
+    {"name": Str(), "description": Text(64 * 1024), "parameters": JsonSchema(_PARAMETERS)},
+    required=("name",),
+    nulls=False,
 )
 _TOOLS = Field(
     Tools(
-        Arr(Obj({"type": Str(("function",)), "function": _FUNCTION}, required=("type", "function"))),
+        Arr(
+            Obj(
+                {"type": Str(("function",)), "function": _FUNCTION},
+                required=("type", "function"),
+                text=Size(PROGRAM_CHARS, "characters of JSON"),
+            ),
+            size=_TOOL_COUNT,
+        ),
         ("function.parameters",),
     ),
     "functions the model may call ({type: function, function: {name, description, parameters}})",
@@ -93,7 +150,14 @@ _TOOLS = Field(
 # The child converts their parameters (Responses) or input_schema (Anthropic) as chat's.
 _OTHER_TOOLS = Field(
     Tools(
-        Arr(Obj({"parameters": JsonSchema(), "input_schema": JsonSchema()})), ("parameters", "input_schema")
+        Arr(
+            Obj(
+                {"parameters": JsonSchema(_PARAMETERS), "input_schema": JsonSchema(_PARAMETERS)},
+                text=Size(PROGRAM_CHARS, "characters of JSON"),
+            ),
+            size=_TOOL_COUNT,
+        ),
+        ("parameters", "input_schema"),
     ),
     "tools the model may call",
     nullable=False,
@@ -101,6 +165,7 @@ _OTHER_TOOLS = Field(
 _TOOL_CHOICE = Field(Either((Str(), Obj())), "auto, none, required, or one tool")
 _OTHER_CHOICE = Field(Either((Str(), Obj())), "auto, none, any, or one tool", nullable=False)
 _MODEL = Field(Str(), "the model's name or alias")
+_PROMPT = Field(PROMPT, "the prompt(s)", nullable=False, roles=("prompt", "prompts"))
 _ID_SLOT = Field(
     Int(-1, 2**31 - 1),
     "the slot to run on (-1: any)",
@@ -130,8 +195,8 @@ CHAT = _fields(
         Obj(
             {
                 "type": Str(("text", "json_object", "json_schema")),
-                "json_schema": Obj({"schema": JsonSchema()}),
-                "schema": JsonSchema(),
+                "json_schema": Obj({"schema": JsonSchema(Obj(text=SCHEMA_TEXT))}, text=SCHEMA_TEXT),
+                "schema": JsonSchema(Obj(text=SCHEMA_TEXT)),
             }
         ),
         "text, json_object or json_schema",
@@ -145,20 +210,12 @@ CHAT = _fields(
     top_logprobs=Field(Int(0, logprob_limit), "candidates per token with logprobs"),
     id_slot=_ID_SLOT,
     **_sdk_only(
+        *_SDK_COMMON,
         "audio",
         "function_call",
         "functions",
-        "metadata",
         "modalities",
-        "moderation",
         "prediction",
-        "prompt_cache_key",
-        "prompt_cache_options",
-        "prompt_cache_retention",
-        "safety_identifier",
-        "service_tier",
-        "store",
-        "user",
         "verbosity",
         "web_search_options",
     ),
@@ -168,26 +225,28 @@ CHAT = _fields(
 COMPLETIONS = _fields(
     LLAMA,
     model=_MODEL,
-    prompt=Field(PROMPT, "the prompt(s)", nullable=False),
-    suffix=Field(Str(), "text after the completion"),
+    prompt=_PROMPT,
+    suffix=Field(Text(), "text after the completion", roles=("prompt",)),
     best_of=Field(Int(1), "accepted for the SDKs; llama-server does not read it"),
     user=_ANY,
     id_slot=_ID_SLOT,
 )
 
 # llama.cpp's /completion.
-COMPLETION = _fields(
-    LLAMA, model=_MODEL, prompt=Field(PROMPT, "the prompt(s)", nullable=False), id_slot=_ID_SLOT
-)
+COMPLETION = _fields(LLAMA, model=_MODEL, prompt=_PROMPT, id_slot=_ID_SLOT)
 
 # llama.cpp's /infill (``handle_infill``): prefix, suffix, extra context files, and the prompt.
 INFILL = _fields(
     LLAMA,
     model=_MODEL,
-    prompt=Field(PROMPT, "text after the prefix, before the cursor"),
-    input_prefix=Field(Str(), "code before the cursor"),
-    input_suffix=Field(Str(), "code after the cursor"),
-    input_extra=Field(Arr(Obj({"filename": Str(), "text": Str()}, required=("text",))), "other files"),
+    prompt=Field(PROMPT, "text after the prefix, before the cursor", roles=("prompt", "prompts")),
+    input_prefix=Field(Text(), "code before the cursor", roles=("prompt",)),
+    input_suffix=Field(Text(), "code after the cursor", roles=("prompt",)),
+    input_extra=Field(
+        Arr(Obj({"filename": Str(), "text": Text()}, required=("text",)), size=Size(10_000, "elements")),
+        "other files",
+        roles=("prompt",),
+    ),
     id_slot=_ID_SLOT,
 )
 
@@ -195,9 +254,14 @@ INFILL = _fields(
 RESPONSES = _fields(
     LLAMA,
     model=_MODEL,
-    input=Field(Either((Str(), Arr(Obj()))), "the input: text or items", nullable=False),
-    instructions=Field(Str(), "the system prompt", nullable=False),
-    max_output_tokens=Field(Int(-1), "most tokens to generate", nullable=False),
+    input=Field(
+        Either((Text(), Arr(Obj(), size=Size(100_000, "elements")))),
+        "the input: text or items",
+        nullable=False,
+        roles=("prompt",),
+    ),
+    instructions=Field(Text(), "the system prompt", nullable=False, roles=("prompt",)),
+    max_output_tokens=Field(Int(-1), "most tokens to generate", nullable=False, roles=("token_cap",)),
     tools=_OTHER_TOOLS,
     tool_choice=_OTHER_CHOICE,
     parallel_tool_calls=Field(Bool(), "several tool calls in one answer"),
@@ -205,6 +269,7 @@ RESPONSES = _fields(
     top_logprobs=Field(Int(0, logprob_limit), "candidates per token"),
     id_slot=_ID_SLOT,
     **_sdk_only(
+        *_SDK_COMMON,
         "access_programs",
         "background",
         "background_options",
@@ -212,22 +277,20 @@ RESPONSES = _fields(
         "conversation",
         "image",
         "include",
-        "metadata",
-        "moderation",
         "personality",
         "previous_response_id",
         "prompt",
-        "prompt_cache_key",
-        "prompt_cache_options",
-        "prompt_cache_retention",
-        "safety_identifier",
-        "service_tier",
-        "store",
         "text",
         "truncation",
-        "user",
         "max_tool_calls",
     ),
+)
+
+_SYSTEM = Field(
+    Either((Text(), Arr(Obj(), size=Size(10_000, "elements")))),
+    "the system prompt",
+    nullable=False,
+    roles=("prompt",),
 )
 
 _ANTHROPIC = _sdk_only(
@@ -251,9 +314,9 @@ MESSAGES = _fields(
     _ANTHROPIC,
     model=_MODEL,
     messages=_MESSAGES,
-    max_tokens=Field(Int(-1), "most tokens to generate", nullable=False),
-    system=Field(Either((Str(), Arr(Obj()))), "the system prompt", nullable=False),
-    stop_sequences=Field(Arr(Str()), "stop strings", nullable=False),
+    max_tokens=Field(Int(-1), "most tokens to generate", nullable=False, roles=("token_cap",)),
+    system=_SYSTEM,
+    stop_sequences=Field(STOP_STRINGS, "stop strings", nullable=False),
     tools=_OTHER_TOOLS,
     tool_choice=_OTHER_CHOICE,
     thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking", nullable=False),
@@ -265,7 +328,7 @@ COUNT_TOKENS = _fields(
     _ANTHROPIC,
     model=_MODEL,
     messages=_MESSAGES,
-    system=Field(Either((Str(), Arr(Obj()))), "the system prompt", nullable=False),
+    system=_SYSTEM,
     tools=_OTHER_TOOLS,
     tool_choice=_OTHER_CHOICE,
     thinking=Field(Obj({"budget_tokens": Int(-1)}), "extended thinking", nullable=False),
@@ -274,8 +337,8 @@ COUNT_TOKENS = _fields(
 # OpenAI Embeddings and llama.cpp's /embedding(s): ``input`` (else ``content``).
 EMBEDDINGS = _fields(
     model=_MODEL,
-    input=Field(PROMPT, "text(s) or token ids to embed"),
-    content=Field(PROMPT, "llama.cpp's name for input"),
+    input=Field(PROMPT, "text(s) or token ids to embed", roles=("prompt", "prompts")),
+    content=Field(PROMPT, "llama.cpp's name for input", roles=("prompt", "prompts")),
     encoding_format=Field(Str(("float", "base64")), "float or base64"),
     embd_normalize=Field(
         Int(-1, 2**31 - 1), "normalisation (-1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm)"
@@ -285,26 +348,38 @@ EMBEDDINGS = _fields(
 )
 
 # llama.cpp's rerank: one task per document.
+_DOCUMENTS = Arr(Text(), max_items=prompt_limit, size=Size(TOKENS, "elements"))
 RERANK = _fields(
     model=_MODEL,
-    query=Field(Str(), "the query", nullable=False),
-    documents=Field(Arr(Str(), max_items=prompt_limit), "the documents to rank"),
-    texts=Field(Arr(Str(), max_items=prompt_limit), "llama.cpp's name for documents"),
+    query=Field(Text(), "the query", nullable=False),
+    documents=Field(_DOCUMENTS, "the documents to rank", roles=("documents",)),
+    texts=Field(_DOCUMENTS, "llama.cpp's name for documents", roles=("documents",)),
     top_n=Field(Int(0), "how many results"),
     return_text=Field(Bool(), "include each document's text"),
     return_documents=Field(Bool(), "include each document"),
 )
 
+# /tokenize splits its text at every special token it names (``parse_special``; the cost table's
+# ``tokenize_char``); a client counting a prompt's tokens sends the prompt.
 TOKENIZE = _fields(
     model=_MODEL,
-    content=Field(Either((Str(), TokenList())), "the text (strings and token ids mixed)", nullable=False),
+    content=Field(
+        Either((Text(TEXT_CHARS, "tokenize_char"), TokenList())),
+        "the text (strings and token ids mixed)",
+        nullable=False,
+    ),
     add_special=Field(Bool(), "add the BOS token"),
     parse_special=Field(Bool(), "parse special tokens in the text"),
     with_pieces=Field(Bool(), "return each token's text"),
 )
 
 DETOKENIZE = _fields(
-    model=_MODEL, tokens=Field(Arr(TOKEN), "token ids, each within the model's vocabulary", nullable=False)
+    model=_MODEL,
+    tokens=Field(
+        Arr(TOKEN, size=Size(TOKENS, "elements")),
+        "token ids, each within the model's vocabulary",
+        nullable=False,
+    ),
 )
 
 # The counting routes template exactly as their generation routes do (the child's own counter).
@@ -324,4 +399,16 @@ SCHEMAS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
     }
 )
 
-__all__ = ["SCHEMAS", "Num"]
+
+def with_role(role: Role, schema: str | None = None) -> tuple[str, ...]:
+    """The fields that play ``role`` (``Field.roles``), in the order they are declared (the child's order
+    of precedence where it reads the first present): of ``schema``, or of every route, each name once."""
+    names: dict[str, None] = {}
+    for name_of_schema, fields in SCHEMAS.items():
+        if schema is not None and name_of_schema != schema:
+            continue
+        names.update((name, None) for name, field in fields.items() if role in field.roles)
+    return tuple(names)
+
+
+__all__ = ["SCHEMAS", "Num", "is_prompt_list", "with_role"]

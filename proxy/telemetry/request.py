@@ -7,20 +7,22 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.asgi.context import GenAI
+from proxy.schema.routes import with_role
 
 # A route's kind (``proxy.routes.table``) -> gen_ai.operation.name. "rerank" has no well-known value.
 OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings", "rerank": "rerank"}
 
-# gen_ai.request.* <- the body's field, in each dialect's spelling (OpenAI, Anthropic, Responses, native).
+# gen_ai.request.* <- the body's field, in each dialect's spelling (OpenAI, Anthropic, Responses, native):
+# the token cap and the completion count are every field the schema declares one (``Field.roles``).
 _PARAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("gen_ai.request.max_tokens", ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")),
+    ("gen_ai.request.max_tokens", with_role("token_cap")),
     ("gen_ai.request.temperature", ("temperature",)),
     ("gen_ai.request.top_p", ("top_p",)),
     ("gen_ai.request.top_k", ("top_k",)),
     ("gen_ai.request.frequency_penalty", ("frequency_penalty",)),
     ("gen_ai.request.presence_penalty", ("presence_penalty",)),
     ("gen_ai.request.seed", ("seed",)),
-    ("gen_ai.request.choice.count", ("n",)),
+    ("gen_ai.request.choice.count", with_role("n")),
 )
 
 

@@ -255,6 +255,8 @@ class _Converter:
             return None
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             return self.dataclass(tp, raw, path)
+        if origin is Mapping or origin is dict:
+            return self.mapping(tp, raw, path)
         if origin is tuple:
             if not isinstance(raw, list):
                 self.bad(path, "must be a list")
@@ -271,6 +273,22 @@ class _Converter:
                 return choices[0]
             return str(raw)
         return self.scalar(tp, raw, path)
+
+    def mapping(self, tp: Any, raw: Any, path: str) -> Any:
+        """A mapping of names (strings) to values of one type, read-only."""
+        if not isinstance(raw, dict):
+            self.bad(path, "must be a mapping of names to values")
+            return types.MappingProxyType({})
+        item = typing.get_args(tp)[1]
+        out: dict[str, Any] = {}
+        for key, raw_item in raw.items():
+            if not isinstance(key, str):
+                self.bad(_join(path, str(key)), "must be named by a string")
+                continue
+            value = self.value(item, raw_item, _join(path, key))
+            if value is not None:
+                out[key] = value
+        return types.MappingProxyType(out)
 
     def scalar(self, tp: Any, raw: Any, path: str) -> Any:
         if isinstance(raw, _EnvStr) and tp in (int, float, bool):
@@ -371,6 +389,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if isinstance(value, tuple | list):
             return [plain(v) for v in value]
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
         if isinstance(value, Path):
             return str(value)
         return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from proxy.settings import (
     BudgetSettings,
@@ -93,6 +94,7 @@ def proxy_settings(cfg: Config, extra_keys: Iterable[KeyEntry] = ()) -> ProxySet
                     tokens_per_day=t.budgets.tokens_per_day,
                     requests_per_minute=t.budgets.requests_per_minute,
                 ),
+                field_bounds=MappingProxyType(dict(t.field_bounds)),
             )
             for t in cfg.tenants
         ),

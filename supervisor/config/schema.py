@@ -10,11 +10,13 @@ reference).
 # ruff: noqa: RUF009 - setting()/section() return dataclasses.field(...), which ruff cannot see through
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, NewType, TypeVar, dataclass_transform
 
 from proxy.settings import DEFAULT_PRIORITY
@@ -54,6 +56,22 @@ def ip_or_network(v: Any) -> str | None:
             ipaddress.ip_network(item, strict=False)
         except ValueError:
             return f"{item!r} is not an IP address or network (CIDR)"
+    return None
+
+
+def known_field_bounds(v: Mapping[str, int]) -> str | None:
+    """Every name is a bound of the request schema (``proxy.schema.reference.bound_names``), every
+    value at least 1."""
+    from proxy.schema.reference import bound_names
+
+    names = bound_names()
+    for name, most in v.items():
+        if name not in names:
+            close = difflib.get_close_matches(name, sorted(names), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"{name!r} is not a bound of the request schema{hint}; docs/security.md lists them"
+        if most < 1:
+            return f"{name!r} must be at least 1 (got {most})"
     return None
 
 
@@ -325,6 +343,14 @@ class TenantConfig:
         None, "slots this tenant may hold or wait for across all models at once; null = no total", at_least(1)
     )
     budgets: BudgetsConfig = section(BudgetsConfig, "tokens and requests per minute and per day")
+    field_bounds: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata={
+            "doc": "the request schema's size bounds this tenant has its own value of: a bound's name (a"
+            " body field's path, e.g. dry_sequence_breakers, stop, logit_bias) -> its most",
+            "check": known_field_bounds,
+        },
+    )
 
 
 @dataclass(frozen=True)

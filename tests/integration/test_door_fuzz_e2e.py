@@ -30,6 +30,7 @@ import pytest
 
 from proxy.schema import declared as declared_fields
 from proxy.schema.llama import LLAMA, NESTED
+from proxy.schema.values import Bool, Int, Num, Obj, Str
 from tests.helpers.llama_schema import SchemaField, pinned_server_schema
 from tests.integration.conftest import Daemon, DaemonFactory, process_gone
 
@@ -334,3 +335,47 @@ def test_the_pinned_schema_table_is_the_locked_source(schema_fields: list[Schema
             nested.setdefault(f.parent, set()).update(p.split(".", 1)[1] for p in f.paths())
     assert set(LLAMA) == top
     assert {k: set(v) for k, v in NESTED.items()} == nested
+    disagree = kind_disagreements(schema_fields)
+    assert not disagree, "declared Value kinds that are not the source's field kinds:\n" + "\n".join(disagree)
+
+
+# The source's field kind -> the Value classes that read it: field_num is a number (an integer or a
+# float), field_bool a boolean, field_str a string, field_nested an object; field_json is read by a
+# handler of its own, whose shape the declaration writes out (any kind).
+_KINDS: dict[str, tuple[type, ...]] = {"num": (Int, Num), "bool": (Bool,), "str": (Str,), "nested": (Obj,)}
+
+
+def kind_disagreements(schema_fields: list[SchemaField]) -> list[str]:
+    """Each parsed field (aliases and nested ones too) whose declared ``Value`` is not of its kind. A
+    field no key may send (``who: nobody``) is exempt: it is refused whatever its value."""
+    out = []
+    for f in schema_fields:
+        wanted = _KINDS.get(f.kind)
+        if wanted is None:
+            continue
+        for name in f.names:
+            if f.parent is None:
+                field = LLAMA[name]
+                if field.who == "nobody":
+                    continue
+                value: object = field.value
+            else:
+                parent = LLAMA[f.parent].value
+                assert isinstance(parent, Obj) and parent.fields is not None
+                value = parent.fields[name]
+            if not isinstance(value, wanted):
+                where = f"{f.parent}.{name}" if f.parent else name
+                out.append(f"{where}: field_{f.kind} in the source, {type(value).__name__} here")
+    return out
+
+
+def test_a_declared_kind_other_than_the_sources_is_named() -> None:
+    """The comparison above finds a mismatch (so its silence means agreement)."""
+    fields = [
+        SchemaField("num", ("top_k",)),
+        SchemaField("bool", ("stream",)),
+        SchemaField("str", ("grammar",)),
+    ]
+    assert kind_disagreements(fields) == []
+    fields.append(SchemaField("bool", ("top_p",)))
+    assert kind_disagreements(fields) == ["top_p: field_bool in the source, Num here"]

@@ -167,9 +167,9 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
                         "name": "default",
                         "max_concurrency": 2,
                         "max_queue": 8,
-                        # MERGE (issue 55, the door's bounds): with the door bounding DRY breakers, this
-                        # tenant's operator raises the bound; switch this line on at merge:
-                        # "field_bounds": {"dry_sequence_breakers": BREAKERS},
+                        # The door bounds DRY breakers by their cost (issue 54): this tenant's operator
+                        # raises the bound, so the request reaches the child and holds its loop.
+                        "field_bounds": {"dry_sequence_breakers": BREAKERS},
                     },
                     {"name": "other", "max_concurrency": 2, "max_queue": 8},
                 ],

@@ -27,3 +27,15 @@ def test_the_security_doc_lists_every_advisory_as_the_data_says() -> None:
     start = text.index("\n", start) + 1
     end = text.index("<!-- advisories: end -->")
     assert text[start:end] == advisories_table()
+
+
+def test_the_security_doc_lists_every_cost_as_the_table_says() -> None:
+    from proxy.schema.reference import costs_table
+
+    text = (API.parent / "security.md").read_text()
+    start = text.index("<!-- costs: generated")
+    start = text.index("\n", start) + 1
+    end = text.index("<!-- costs: end -->")
+    assert text[start:end] == costs_table(), (
+        "run: python -c 'from proxy.schema.reference import costs_table; print(costs_table())'"
+    )
