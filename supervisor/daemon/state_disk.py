@@ -105,7 +105,10 @@ def plan_disk(cfg: Config, alias: str, binary_sha256: str, model_sha256: str) ->
     why = f"{budget // MIB:,} MiB in {folder}"
     if room < budget:
         why += f" (only {room // MIB:,} MiB of room there now)"
-    return DiskPlan(SlotStates(str(folder), identity, budget), why)
+    rate = llama.state_write_mib_s
+    if rate is not None:
+        why += f", writes at most {rate:,} MiB/s"
+    return DiskPlan(SlotStates(str(folder), identity, budget, None if rate is None else rate * MIB), why)
 
 
 def make_folder(states: SlotStates) -> None:
