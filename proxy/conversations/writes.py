@@ -17,9 +17,14 @@ counts the unnamed first-turn states that left a slot (the decisions taken) and 
 unnamed conversations seen for a second turn. The prior is one return: a tenant starts out trusted, so
 the first states of a fresh daemon are written while nothing is known (a chat application's first
 conversations all open before any comes back: 32 conversations opened at once return only after their
-32 first turns), and one-shot traffic stops being written after ``1 / RETURN_RATE_TO_WRITE - 1`` = 19
-decisions: at most 20 states per tenant and model, however long it runs. Both counts are halved when
-``left`` reaches ``RATE_WINDOW``: the rate follows the tenant's traffic as it changes, in fixed size.
+32 first turns), and one-shot traffic stops being written after ``int(1 / RETURN_RATE_TO_WRITE)`` = 16
+decisions: at most 16 states per tenant and model, however long it runs (400 one-shot requests on 2
+slots replace 398 states: 4 % of them are written). The price: a fresh daemon whose first unnamed
+conversations all open before any comes back writes the first 16 of them, and those past that which
+llama-server's RAM cache no longer holds when their second turn comes compute that turn's history
+(their shared system prompt aside); from the first return on, the tenant's states are written. Both
+counts are halved when ``left`` reaches ``RATE_WINDOW``: the rate follows the tenant's traffic as it
+changes, in fixed size.
 
 A conversation is remembered (its turns, named or not) in an LRU of ``SEEN`` keys: a conversation that
 returns after that many others opened counts as new (a first turn), which only errs towards not
@@ -40,11 +45,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The return rate at or above which a tenant's unnamed conversations are written: one in twenty comes
-# back. A write costs the child's loop 0.8 ms per MiB (docs/benchmarks.md: a 450-token SmolLM2 state,
-# 10 MiB, is 8 ms), a restore saves recomputing the history (hundreds of ms on a CPU): even one in
-# twenty read back pays for the writes in the child's time; below it the writes are mostly disk wear.
-RETURN_RATE_TO_WRITE = 0.05
+# The return rate at or above which a tenant's unnamed conversations are written: about one in
+# seventeen comes back. A write costs the child's loop 0.8 ms per MiB (docs/benchmarks.md: a 450-token
+# SmolLM2 state, 10 MiB, is 8 ms), a restore saves recomputing the history (hundreds of ms on a CPU):
+# even one in seventeen read back pays for the writes in the child's time; below it they are mostly
+# disk wear. With the prior below it also sets how many states a new tenant's traffic gets written
+# before its rate is known (16).
+RETURN_RATE_TO_WRITE = 0.06
 # Returns assumed before any is seen (the prior): the first states of a tenant are written.
 PRIOR_RETURNS = 1.0
 # Decisions after which a tenant's counts are halved (the rate's memory).

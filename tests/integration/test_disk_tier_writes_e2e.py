@@ -17,7 +17,7 @@ from tests.integration.test_disk_tier_e2e import MODEL, ONE_SLOT, cached, metric
 pytestmark = pytest.mark.integration
 
 # The first-turn states of a tenant written before its return rate is known (the prior's one return).
-EXPLORED = round(1 / RETURN_RATE_TO_WRITE)
+EXPLORED = int(1 / RETURN_RATE_TO_WRITE)
 ONE_SHOTS = EXPLORED + 20
 
 

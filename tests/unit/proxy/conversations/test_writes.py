@@ -17,7 +17,7 @@ from proxy.source import SlotStates
 from tests.unit.proxy.conversations.test_tier import FakeChild
 
 # One-shot traffic is written until its return rate, with the prior's one return, falls under the bar.
-EXPLORED = round(1 / RETURN_RATE_TO_WRITE)  # 20 first-turn states
+EXPLORED = int(1 / RETURN_RATE_TO_WRITE)  # 16 first-turn states
 
 
 def _key(i: int) -> str:
