@@ -54,6 +54,7 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "lease",
         "store_write",
         "schema",
+        "oneshot",
     }
     assert moved == _moved_benchmarks() == benchmarks
 
