@@ -25,6 +25,8 @@ class SlotStates:
     identity: str
     # The most bytes the folder may hold (least recently used states are removed first).
     budget_bytes: int
+    # The most bytes a second the tier writes on average (``llama.state_write_mib_s``); None: unbounded.
+    write_bytes_s: int | None = None
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,12 @@ def conversation_id(headers: Iterable[tuple[bytes, bytes]], payload: dict[str, A
     return None if opening is None else "opening:" + opening
 
 
+def named(cid: str) -> bool:
+    """The client named conversation ``cid`` (a header or the body's field), rather than the gateway
+    deriving it from the opening: it says the conversation will come back (``proxy.conversations.writes``)."""
+    return not cid.startswith("opening:")
+
+
 def conversation_key(tenant: str, cid: str) -> str:
     """The tenant's key for conversation id ``cid``: never equal for two tenants."""
     digest = hashlib.sha256(b"llamagate-conversation-v1\n" + _text(tenant) + b"\n" + _text(cid))

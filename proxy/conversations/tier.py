@@ -9,10 +9,13 @@ and restore (``POST /slots/ID?action=save|restore``, tools/server/server-context
 
 The policy, for a turn of conversation C placed on slot S (``before_turn``):
 1. S held another conversation D whose state there is newer than its file (D ran a turn since it was
-   last saved: ``_dirty``): D is saved first. Saving on replacement writes a state once per time it
-   leaves a slot, never per turn; a conversation that keeps its slot is never written. The save runs in
-   the child's loop, so the child's other slots wait while it writes (docs/benchmarks.md measures it);
-   a write-behind on idle slots would move that wait but write every turn.
+   last saved: ``_dirty``): D is saved first when it is likely to be read again and the write rate
+   allows it (``proxy.conversations.writes``: the client named D, D has had a second turn, or D's
+   tenant's conversations come back); else it is counted as not written (``skipped``). Saving on
+   replacement writes a state once per time it leaves a slot, never per turn; a conversation that keeps
+   its slot is never written. The save runs in the child's loop, so the child's other slots wait while
+   it writes (docs/benchmarks.md measures it); a write-behind on idle slots would move that wait but
+   write every turn.
 2. S did not hold C and C has a state on disk that may be restored (``StateDir.check``: ours, its
    tenant's, unchanged): it is restored into S. The turn then finds its whole history in S: llama-server
    copies S to its RAM cache on the way in (``--slot-prompt-similarity 1.0``: every pinned request
@@ -28,7 +31,8 @@ The policy, for a turn of conversation C placed on slot S (``before_turn``):
    misses by its own doing, and must not turn the tier off for everyone.
 
 Before a child stops on purpose (SIGHUP reload, idle unload, drain, stop) ``save_slots`` saves every slot
-whose state is newer than its file; the next child of the same identity restores them on demand. A crash
+whose state is newer than its file and likely to be read again (the rate bound aside: at most a state
+per slot); the next child of the same identity restores them on demand. A crash
 keeps what was already on disk. A child of another identity gets another folder (``SlotStates``).
 
 Prompt tokens by source, per tenant (``stats``): ``cache`` (served from the slot or the RAM cache),
@@ -46,6 +50,7 @@ from typing import Protocol
 
 from proxy.conversations.disk import StateDir, StateDirError
 from proxy.conversations.slots import Pin
+from proxy.conversations.writes import SEEN, WritePolicy
 from proxy.source import SlotStates
 
 _log = logging.getLogger("llamagate.proxy")
@@ -112,6 +117,8 @@ class TierStats:
     refused: Counter[tuple[str, str]] = field(default_factory=Counter)
     evicted: Counter[str] = field(default_factory=Counter)
     save_failures: Counter[str] = field(default_factory=Counter)
+    # States that left a slot unwritten, by why (``proxy.conversations.writes``): one_shot, rate.
+    skipped: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tenant, reason)
 
 
 class DiskTier:
@@ -120,6 +127,7 @@ class DiskTier:
     def __init__(self, model: str) -> None:
         self.model = model
         self.stats = TierStats()
+        self.writes = WritePolicy()
         self.restoring = True  # false after ``MISSES_TO_STOP`` misses in a row (until the identity changes)
         self._states: SlotStates | None = None
         self._dir: StateDir | None = None
@@ -137,6 +145,11 @@ class DiskTier:
         return self._dir
 
     # --- the request path -------------------------------------------------------------------------------
+    def named(self, key: str) -> None:
+        """The client named conversation ``key`` (at the door: ``proxy.conversations.key.named``): its
+        state is written whenever it leaves a slot."""
+        self.writes.named(key)
+
     async def before_turn(
         self,
         states: SlotStates | None,
@@ -155,7 +168,7 @@ class DiskTier:
             return None
         replaced = pin.replaced
         if replaced != key and replaced in self._dirty:
-            await self._save(folder, child, pin.slot, replaced)
+            await self._leave(folder, child, pin.slot, replaced, bounded=True)
         if key is None:
             return None
         turn = Turn(key, tenant)
@@ -171,7 +184,13 @@ class DiskTier:
         if prompt is None:
             self._dirty.pop(turn.key, None)
             return
+        self.writes.turn(turn.key, turn.tenant)
+        self._dirty.pop(turn.key, None)  # the most recent last: the oldest go first past the bound
         self._dirty[turn.key] = turn.tenant
+        if len(self._dirty) > SEEN:
+            # Keys whose slot the child placed another request on (``slots.UNKNOWN``) are never replaced
+            # by us: without a bound they would stay here.
+            del self._dirty[next(iter(self._dirty))]
         from_disk = min(cached, turn.restored)
         tokens = self.stats.prompt_tokens
         tokens[turn.tenant, "cache"] += cached - from_disk
@@ -220,7 +239,7 @@ class DiskTier:
             return 0
         saved = 0
         for slot, key in enumerate(held):
-            if key in self._dirty and not busy[slot] and await self._save(folder, child, slot, key):
+            if key in self._dirty and not busy[slot] and await self._leave(folder, child, slot, key, False):
                 saved += 1
         return saved
 
@@ -233,6 +252,7 @@ class DiskTier:
             self._dirty.clear()
         if states != self._states:
             self._open(states)
+        self.writes.limit(None if states is None else states.write_bytes_s)
         return self._dir
 
     def _open(self, states: SlotStates | None) -> None:
@@ -253,10 +273,21 @@ class DiskTier:
                 extra={"fields": {"model": self.model, "error": self._broken}},
             )
 
-    async def _save(self, folder: StateDir, child: SlotActions, slot: int, key: str) -> bool:
+    async def _leave(self, folder: StateDir, child: SlotActions, slot: int, key: str, bounded: bool) -> bool:
+        """``key``'s state leaves slot ``slot``: saved when it is likely to be read again (and, when
+        ``bounded``, the write rate allows it); whether it was."""
         # Taken off first: a turn of the same conversation on another slot that ends meanwhile makes its
         # newer state dirty again, and that mark must stay.
         tenant = self._dirty.pop(key)
+        write, why = self.writes.reason(key, tenant)
+        if write and bounded and not self.writes.may_write():
+            write, why = False, "rate"
+        if not write:
+            self.stats.skipped[tenant, why] += 1
+            return False
+        return await self._save(folder, child, slot, key, tenant)
+
+    async def _save(self, folder: StateDir, child: SlotActions, slot: int, key: str, tenant: str) -> bool:
         temp = folder.temp_name()
         started = time.monotonic()
         try:
@@ -274,6 +305,7 @@ class DiskTier:
                 },
             )
             return False
+        self.writes.wrote(result.bytes)
         self.stats.saves[tenant] += 1
         self.stats.save_bytes[tenant] += result.bytes
         _add(self.stats.save_seconds, tenant, time.monotonic() - started)

@@ -1,6 +1,9 @@
 """The conversations' disk tier in ``/metrics`` (``proxy.conversations.tier``), read at scrape time from
 every model's tier: prompt tokens by where they came from, saves and restores (counts, bytes, seconds),
-restores not reused, states refused or evicted, and the folder's bytes against its budget.
+restores not reused, states refused or evicted, and the folder's bytes against its budget; what the write
+policy left unwritten and why, each tenant's measured return rate, and the write rate bound
+(``proxy.conversations.writes``). Bytes written against bytes restored, by model: ``save_bytes`` and
+``restore_bytes`` summed over tenants.
 
 ``llamagate_prompt_tokens_by_source_total{source}``: ``cache`` (served from the slot or llama-server's RAM
 cache), ``disk`` (the part of those a restore from disk brought), ``computed`` (evaluated): a prompt-cache
@@ -51,6 +54,21 @@ class TierCollector(Collector):
             "States on disk not restored: changed, tenant, unsafe, failed (refused by the child)",
             labels=[*mt, "reason"],
         )
+        skipped = CounterMetricFamily(
+            "llamagate_conversation_state_writes_skipped",
+            "States that left a slot unwritten: one_shot (not likely to come back), rate (the write bound)",
+            labels=[*mt, "reason"],
+        )
+        returns = GaugeMetricFamily(
+            "llamagate_conversation_state_return_rate",
+            "The share of the tenant's unnamed conversations that come back for a second turn (prior incl.)",
+            labels=mt,
+        )
+        limit = GaugeMetricFamily(
+            "llamagate_conversation_state_write_limit_bytes_per_second",
+            "The disk tier's write rate bound (llama.state_write_mib_s); 0 = unbounded",
+            labels=["model"],
+        )
         held = GaugeMetricFamily(
             "llamagate_conversation_state_disk_bytes",
             "Bytes of conversation states on disk",
@@ -87,6 +105,11 @@ class TierCollector(Collector):
                     counters[name].add_metric([model, tenant], value)
             for (tenant, reason), n in s.refused.items():
                 refused.add_metric([model, tenant, reason], n)
+            for (tenant, reason), n in s.skipped.items():
+                skipped.add_metric([model, tenant, reason], n)
+            for tenant, rate in tier.writes.return_rates().items():
+                returns.add_metric([model, tenant], rate)
+            limit.add_metric([model], tier.writes.rate_bytes_s or 0)
             folder = tier.folder
             if folder is not None:
                 held.add_metric([model], folder.bytes)
@@ -94,4 +117,4 @@ class TierCollector(Collector):
             restoring.add_metric([model], 1 if folder is not None and tier.restoring else 0)
         yield prompt
         yield from counters.values()
-        yield from (refused, held, budget, restoring)
+        yield from (refused, skipped, returns, limit, held, budget, restoring)

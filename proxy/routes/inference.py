@@ -64,7 +64,7 @@ from proxy.asgi import body
 from proxy.asgi.context import SCOPE_KEY, RequestContext
 from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
-from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key
+from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key, named
 from proxy.errors import (
     ContextTooLarge,
     NotFound,
@@ -260,6 +260,8 @@ class Inference:
             if cid is not None:
                 conversation = conversation_key(tenant.name, cid)
                 ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
+                if named(cid):
+                    lane.tier.named(conversation)  # disk tier: its state is written when it leaves a slot
         req.plan = _Plan(
             stream,
             assemble,

@@ -107,7 +107,8 @@ def plan_disk(
     identity = state_identity(binary_sha256, model_sha256, llama, swa_full)
     folder = StateRoot(root_for(cfg)).folder(alias, identity)
     budget = (mib or DEFAULT_MIB) * MIB
-    states = SlotStates(str(folder), identity, budget)
+    rate = llama.state_write_mib_s
+    states = SlotStates(str(folder), identity, budget, None if rate is None else rate * MIB)
     room = _free_bytes(folder) + StateRoot.held(states)[1]
     if mib is None and room < budget:
         return DiskPlan(
@@ -118,6 +119,8 @@ def plan_disk(
     why = f"{budget // MIB:,} MiB in {folder}"
     if room < budget:
         why += f" (only {room // MIB:,} MiB of room there now)"
+    if rate is not None:
+        why += f", writes at most {rate:,} MiB/s"
     return DiskPlan(states, why)
 
 

@@ -152,6 +152,14 @@ class LlamaKnobs:
         at_least(0),
         identity=False,
     )
+    # Read by the proxy's disk tier (``proxy.conversations.writes``) through ``SlotStates``, not a flag.
+    state_write_mib_s: int | None = knob(
+        None,
+        "the most MiB a second the disk tier writes for the model, on average (a burst of 2 s of it);"
+        " null = no bound beyond writing only states likely to be read again",
+        at_least(1),
+        identity=False,
+    )
     # Appended after every flag (flags.build_argv); no option of its own.
     extra_args: tuple[str, ...] = knob(
         (),

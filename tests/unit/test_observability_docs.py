@@ -76,6 +76,8 @@ def _tier_exposition() -> str:
     s.save_seconds["team"] = s.restore_seconds["team"] = 0.1
     s.save_child_seconds["team"] = s.restore_child_seconds["team"] = 0.01
     s.refused["team", "changed"] = 1
+    s.skipped["team", "one_shot"] = 1
+    tier.writes.reason("a" * 32, "team")  # a first-turn state left a slot: the tenant has a return rate
     registry = CollectorRegistry()
     registry.register(TierCollector(lambda: {"chat": tier}))
     with tempfile.TemporaryDirectory() as folder:

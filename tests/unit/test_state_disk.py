@@ -48,6 +48,15 @@ def test_zero_is_off_and_null_is_on_only_where_the_default_budget_fits(
     assert explicit.states is not None and "only 100 MiB of room" in explicit.why
 
 
+def test_the_write_rate_reaches_the_tier_and_changes_no_folder(tmp_path: Path) -> None:
+    unbounded = plan_disk(_cfg(tmp_path), "m", "b", "x")
+    bounded = plan_disk(_cfg(tmp_path, state_write_mib_s=64), "m", "b", "x")
+    assert unbounded.states is not None and unbounded.states.write_bytes_s is None
+    assert bounded.states is not None and bounded.states.write_bytes_s == 64 * 2**20
+    assert bounded.states.directory == unbounded.states.directory  # not part of what a state means
+    assert "writes at most 64 MiB/s" in bounded.why
+
+
 def test_the_identity_follows_what_a_state_depends_on_only() -> None:
     knobs = LlamaKnobs()
     base = state_identity("bin", "model", knobs)

@@ -57,6 +57,8 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "schema",
         "loop_gap",
         "program_cost",
+        "oneshot",
+        "loop_cost",
     }
     assert moved == _moved_benchmarks() == benchmarks
 
