@@ -177,7 +177,10 @@ def test_memory_stays_within_the_budget_across_distinct_prompts(
     from supervisor.artifacts.demo_model import GEMMA
 
     gemma = {"path": str(gemma_model), "sha256": GEMMA.sha256, "alias": "gemma-3-270m"}
-    d = daemon_factory({"llama": {"model": gemma, "prompt_cache_mib": 32, "ctx_checkpoints": 2}})
+    # The disk tier off: with it on, a sliding-window model gets --swa-full and keeps no checkpoints
+    # (budget/window.py); this test is about the RAM cache and the checkpoints.
+    llama = {"model": gemma, "prompt_cache_mib": 32, "ctx_checkpoints": 2, "state_disk_mib": 0}
+    d = daemon_factory({"llama": llama})
     budget = d.admin_identity()["budget"]
     assert budget["prompt_cache_bytes"] == 32 * 2**20 and budget["checkpoint_bytes"] > 0
     pid = d.child_pid
