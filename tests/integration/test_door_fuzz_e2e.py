@@ -30,6 +30,7 @@ import pytest
 
 from proxy.schema import declared as declared_fields
 from proxy.schema.llama import LLAMA, NESTED
+from proxy.schema.programs import Grammar
 from proxy.schema.values import Bool, Int, Num, Obj, Str
 from tests.helpers.llama_schema import SchemaField, pinned_server_schema
 from tests.integration.conftest import Daemon, DaemonFactory, process_gone
@@ -363,6 +364,8 @@ def kind_disagreements(schema_fields: list[SchemaField]) -> list[str]:
                 parent = LLAMA[f.parent].value
                 assert isinstance(parent, Obj) and parent.fields is not None
                 value = parent.fields[name]
+            if isinstance(value, Grammar):
+                value = value.text  # a grammar is the string it reads, measured (``proxy.schema.programs``)
             if not isinstance(value, wanted):
                 where = f"{f.parent}.{name}" if f.parent else name
                 out.append(f"{where}: field_{f.kind} in the source, {type(value).__name__} here")
