@@ -210,9 +210,14 @@ def test_a_full_disk_keeps_charging_counts_and_loses_nothing_written(
     try:
         store.write(Batch(usage=tuple(record(i) for i in range(100))))
         store.limit_pages(store.page_count())  # no room for one more page: SQLITE_FULL, as on a full disk
-        writer.start()
         with caplog.at_level(logging.WARNING, logger="llamagate.accounts"):
-            for i in range(100, 2100):
+            # A whole batch waits before the writer starts, so its first write is 200 records, which need
+            # new pages. Started first, on a loaded host it took the few records charged by its first tick,
+            # and those fitted in the last page's free space: written, where the test wants none.
+            for i in range(100, 300):
+                ledger.charge(record(i))
+            writer.start()
+            for i in range(300, 2100):
                 ledger.charge(record(i))  # the request path: never raises, never waits
             wait_until(lambda: ledger.stats().write_errors >= 3, "failed writes, retried")
             stats = ledger.stats()
