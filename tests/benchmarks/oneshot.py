@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", default="on,off", help="on, off, or both in order (on,off)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds; every other one reversed (1)")
     parser.add_argument("--rss-every", type=int, default=100, help="requests between RSS samples (100)")
+    parser.add_argument(
+        "--plateau-after",
+        type=int,
+        default=2000,
+        help="report the RSS after this many requests against the highest sample after it (2000)",
+    )
     parser.add_argument("--baseline", type=Path, help="run the 'on' daemon from this checkout instead")
     parser.add_argument("--out", type=Path, help="write the full results as JSON here")
 
@@ -141,6 +147,22 @@ async def _load(
         "prompt_tokens_mean": round(prompt_tokens / total, 1),
         "rss": rss,
         "rss_growth_mib": round((rss[-1][1] - rss[0][1]) / 2**20, 2),
+        "plateau": plateau(rss, args.plateau_after),
+    }
+
+
+def plateau(rss: list[tuple[int, int]], after: int) -> dict[str, float] | None:
+    """The RSS once ``after`` requests were served against the highest sample after it (issue 56: "RSS
+    flat after the first 2,000, within 5 %"); None when the run was not longer than ``after``."""
+    at = [b for n, b in rss if n >= after]
+    if len(at) < 2:
+        return None
+    start, highest = at[0], max(at[1:])
+    return {
+        "after": after,
+        "rss_mib": round(start / 2**20, 2),
+        "highest_mib": round(highest / 2**20, 2),
+        "growth_pct": round(100 * (highest - start) / start, 2),
     }
 
 
@@ -189,16 +211,24 @@ def handle(args: argparse.Namespace) -> int:
 
 def markdown(runs: list[dict[str, Any]]) -> str:
     lines = [
-        "| run | req/s | RSS growth (MiB) | saves | written (MB) | restores | read (MB) | not written |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | req/s | RSS growth (MiB) | RSS plateau | saves | written (MB) | restores | read (MB) "
+        "| not written |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         t = r["tier"]
         skipped = sum(v for k, v in t.items() if k.startswith("writes_skipped"))
+        p = r.get("plateau")
+        flat = (
+            f"{p['rss_mib']:.1f} MiB at {p['after']:,}, at most {p['highest_mib']:.1f} after "
+            f"({p['growth_pct']:+.1f} %)"
+            if p
+            else "-"
+        )
         lines.append(
             f"| {r['target']} (round {r['round']}) | {r['requests_per_s']:.3f} | {r['rss_growth_mib']:+.1f} "
-            f"| {t.get('saves', 0):.0f} | {t.get('save_bytes', 0) / 1e6:,.0f} | {t.get('restores', 0):.0f} "
-            f"| {t.get('restore_bytes', 0) / 1e6:,.0f} | {skipped:.0f} |"
+            f"| {flat} | {t.get('saves', 0):.0f} | {t.get('save_bytes', 0) / 1e6:,.0f} "
+            f"| {t.get('restores', 0):.0f} | {t.get('restore_bytes', 0) / 1e6:,.0f} | {skipped:.0f} |"
         )
     return "\n".join(lines)
 
