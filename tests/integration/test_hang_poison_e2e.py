@@ -8,31 +8,30 @@ later one), as a request that never yields holds the pinned server's loop while 
 answers ``/health``. ``--request-log`` is the child's own record of what reached it (pid, held or not),
 written before it holds or aborts. The daemon is the real one.
 
-The watchdog (issue 55 items 1-2, another branch) notices such a child by a probe through the task queue
-and SIGKILLs it, then restarts it as a crash of a ready child. ``_StandInWatchdog`` does the same here from
-outside, at once, for every child that logged a held request: what is under test is the proxy's protocol
-after the kill, which is the same whoever kills. Once the watchdog is merged it may get there first; the
-stand-in's kill then finds no process and the test is unchanged.
+The supervisor's watchdog notices such a child by a probe through the task queue (``GET /slots``) once it
+owes an answer for ``supervision.loop_deadline_s``, SIGKILLs it, and restarts it as a crash of a ready
+child (tests/integration/test_watchdog_e2e.py holds that with the real child). ``_StandInWatchdog`` does
+the same here from outside, at once, for every child that logged a held request, so the test does not
+wait out the deadline: what is under test is the proxy's protocol after the kill, which is the same
+whoever kills. When the watchdog gets there first, the stand-in's kill finds no process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.config.keys import ADMIN, new_key_config
 from tests.fakes.fake_child import make_fake_binary
+from tests.integration.clients import poison_samples, received, served
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
@@ -42,26 +41,15 @@ HOLD = "HOLD-THE-LOOP"
 # An ordinary request takes this long at the child, so it is surely in flight when the other one holds
 # the loop (and the fake never answers it once the loop is held).
 ANSWER_S = 2.0
-NOT_READY_WAIT_S = 60.0
-
-
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _received(log: Path) -> list[dict[str, Any]]:
-    if not log.is_file():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 def _children_of(log: Path, text: str) -> list[int]:
     """The pids of the children that received a request whose body holds ``text``, in order."""
-    return [int(r["pid"]) for r in _received(log) if text in r["body"]]
+    return [int(r["pid"]) for r in received(log) if text in r["body"]]
 
 
 class _StandInWatchdog:
-    """Stands in for the supervisor's watchdog (not on this branch): SIGKILLs every child that logged a
+    """Stands in for the supervisor's watchdog, without its deadline: SIGKILLs every child that logged a
     held request, as the watchdog does to a child whose loop misses its probe."""
 
     def __init__(self, log: Path) -> None:
@@ -72,7 +60,7 @@ class _StandInWatchdog:
 
     def _run(self) -> None:
         while not self.stop.wait(0.05):
-            for record in _received(self.log):
+            for record in received(self.log):
                 pid = int(record["pid"])
                 if record.get("held") and pid not in self.killed:
                     self.killed.append(pid)
@@ -89,30 +77,10 @@ class _StandInWatchdog:
 
 
 def _post(d: Daemon, key: str, prompt: str) -> httpx.Response:
-    """POST a completion as a client that honours 503 ``not_ready`` with Retry-After (the OpenAI SDK
-    does): one that arrives while the child restarts is refused at once by design. A request in flight at
-    a death or a hang is replayed, never answered 503."""
+    """POST a completion as a client that honours 503 ``not_ready`` with Retry-After."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
-    deadline = time.monotonic() + NOT_READY_WAIT_S
     with httpx.Client(timeout=120, trust_env=False) as c:
-        while True:
-            r = c.post(d.base_url + "/v1/completions", json=body, headers=_auth(key))
-            if r.status_code != 503 or r.json().get("error", {}).get("code") != "not_ready":
-                return r
-            if r.headers.get("retry-after") is None or time.monotonic() > deadline:
-                return r
-            time.sleep(0.25)
-
-
-def _poison_samples(d: Daemon, admin_key: str) -> dict[tuple[str, str], float]:
-    text = httpx.get(d.base_url + "/metrics", headers=_auth(admin_key), timeout=30, trust_env=False).text
-    out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "llamagate_poison_requests_total":
-                key = (s.labels.get("tenant", ""), s.labels.get("key", ""))
-                out[key] = out.get(key, 0.0) + s.value
-    return out
+        return served(c, d.base_url + "/v1/completions", body, key)
 
 
 def _daemon(daemon_factory: DaemonFactory, fake: Path) -> tuple[Daemon, dict[str, str], dict[str, Any]]:
@@ -178,7 +146,7 @@ def test_hang_then_hang_again_is_poison_and_a_request_beside_the_hang_is_answere
     assert ordinary[1] != marked[1], "the replay shared its child with the suspect's replay"
     # Counted once, for the marked request's tenant and key only; the body is refused from every key now
     # and reaches no child.
-    samples = _poison_samples(d, keys["admin"])
+    samples = poison_samples(d, keys["admin"])
     assert samples == {("default", attacker["id"]): 1.0}, samples
     again = _post(d, keys["other"], f"{HOLD} once")
     assert again.status_code == 429 and again.json()["error"]["code"] == "poison_body", again.text
@@ -202,9 +170,9 @@ def test_hang_then_death_is_poison(daemon_factory: DaemonFactory, tmp_path: Path
         answer = _post(d, keys["attacker"], f"{HOLD} then abort")
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "poison_request", answer.text
-    records = [r for r in _received(log) if HOLD in r["body"]]
+    records = [r for r in received(log) if HOLD in r["body"]]
     assert [r["held"] for r in records] == [True, False], records  # a hang, then a death
     assert len({r["pid"] for r in records}) == 2, records
     assert watchdog.killed == [records[0]["pid"]], watchdog.killed
-    assert _poison_samples(d, keys["admin"]) == {("default", attacker["id"]): 1.0}
+    assert poison_samples(d, keys["admin"]) == {("default", attacker["id"]): 1.0}
     _ready_and_never_failed(d, generation0, deaths=2)

@@ -38,6 +38,7 @@ from supervisor.bench.nginx import Nginx, start_nginx
 from supervisor.config.keys import ADMIN, new_key_config
 from tests.fakes.fake_child import make_fake_binary
 from tests.helpers.redis_server import RedisServer
+from tests.integration.clients import served
 from tests.integration.conftest import Daemon, DaemonFactory
 from tests.integration.replica_set import cluster_mode, log_messages, until
 
@@ -51,7 +52,6 @@ PROBE_INTERVAL_S = 1.0  # cluster.probe_interval_s's default: what the set runs 
 # What a loaded test host adds to a switch beyond the interval: the watch's sleep overshooting, the
 # event loop busy with something else. Not part of the claim (a refused ping fails at once).
 SCHEDULING_S = 0.5
-NOT_READY_WAIT_S = 60.0
 
 
 class Set:
@@ -121,18 +121,6 @@ def _generations(s: Set) -> list[int]:
     return [int(d.readyz()[1]["generation"]) for d in s.daemons]
 
 
-def _served(c: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
-    """POST as a client that honours 503 ``not_ready`` + Retry-After (as the OpenAI SDK does): a request
-    that arrives while a replica's child restarts is refused at once by design (nginx moves a 503 on to
-    the next replica; the last one's answer comes back)."""
-    deadline = time.monotonic() + NOT_READY_WAIT_S
-    while True:
-        r = c.post(url, json=body, headers=headers)
-        if r.status_code != 503 or time.monotonic() > deadline:
-            return r
-        time.sleep(min(float(r.headers.get("retry-after", "1")), 0.25))
-
-
 def _code(r: httpx.Response) -> tuple[int, str | None]:
     try:
         return r.status_code, r.json().get("error", {}).get("code")
@@ -147,12 +135,16 @@ def test_a_poison_body_costs_at_most_two_child_deaths_across_the_three_replicas(
     generations0 = _generations(s)
     access0 = len(s.nginx.access_log())
     with httpx.Client(timeout=120, trust_env=False) as c:
-        first = [_code(_served(c, url, body, s.headers("first"))) for _ in range(ATTEMPTS)]
+        first = [
+            _code(served(c, url, body, headers=s.headers("first"), any_503=True)) for _ in range(ATTEMPTS)
+        ]
         for d in s.daemons:  # the replica whose child died twice has its child back
             d.wait_ready()
         # Other keys, through nginx: the body is refused from every key (one strike of 2: the first
         # key does not cool down, so its later refusals are the body's too).
-        others = [_code(_served(c, url, body, s.headers(who))) for who in ("second", "third")]
+        others = [
+            _code(served(c, url, body, headers=s.headers(who), any_503=True)) for who in ("second", "third")
+        ]
         # And each replica asked directly: all three refuse it.
         direct = [
             _code(c.post(d.base_url + "/v1/completions", json=body, headers=s.headers("admin")))

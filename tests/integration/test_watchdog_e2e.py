@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.config.schema import SupervisionConfig
 from tests.helpers.otlp import attributes, otlp_receiver
+from tests.integration.clients import Bystander, auth
 from tests.integration.conftest import Daemon, DaemonFactory, wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,13 +45,9 @@ BREAKERS = 1000
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
 def _failures(d: Daemon, admin_key: str, model: str = MODEL) -> dict[str, float]:
     """``llamagate_child_failures_total`` of ``model``, by cause."""
-    text = httpx.get(d.base_url + "/metrics", headers=_auth(admin_key), timeout=30, trust_env=False).text
+    text = httpx.get(d.base_url + "/metrics", headers=auth(admin_key), timeout=30, trust_env=False).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -61,7 +58,7 @@ def _failures(d: Daemon, admin_key: str, model: str = MODEL) -> dict[str, float]
 
 def _counter(d: Daemon, name: str) -> dict[str, float]:
     """A counter of the demo model by its ``reason`` label."""
-    text = httpx.get(d.base_url + "/metrics", headers=_auth(d.admin_key), timeout=30, trust_env=False).text
+    text = httpx.get(d.base_url + "/metrics", headers=auth(d.admin_key), timeout=30, trust_env=False).text
     return {
         s.labels.get("reason", ""): s.value
         for family in text_string_to_metric_families(text)
@@ -79,39 +76,6 @@ def _owed_s(verdict: dict[str, Any]) -> float:
     found = re.search(r"did not answer GET /slots for ([\d.]+) s", str(verdict.get("msg")))
     assert found, verdict
     return float(found.group(1))
-
-
-class _Bystander:
-    """Another tenant's ordinary requests, one after another, and the model's states seen between them."""
-
-    def __init__(self, d: Daemon, key: str) -> None:
-        self.d, self.key = d, key
-        self.stop = threading.Event()
-        self.answers: list[tuple[int, str]] = []
-        self.states: set[str] = set()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=300, trust_env=False) as c:
-            n = 0
-            while not self.stop.is_set():
-                n += 1
-                body = {"model": MODEL, "prompt": f"ordinary request {n}", "max_tokens": 1}
-                try:
-                    r = _served(c, self.d.base_url + "/v1/completions", body, self.key)
-                    self.answers.append((r.status_code, r.text[:300]))
-                except httpx.HTTPError as exc:
-                    self.answers.append((0, f"no answer: {type(exc).__name__}: {exc}"))
-                self.states.add(str(c.get(self.d.base_url + "/readyz").json().get("state")))
-                time.sleep(0.1)
-
-    def __enter__(self) -> _Bystander:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(300)
 
 
 class _Readyz:
@@ -137,21 +101,6 @@ class _Readyz:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(60)
-
-
-def _served(
-    c: httpx.Client, url: str, body: dict[str, Any], key: str, wait_s: float = 120.0
-) -> httpx.Response:
-    """POST as a client that honours 503 ``not_ready`` + Retry-After (as the OpenAI SDK does)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        r = c.post(url, json=body, headers=_auth(key))
-        if r.status_code != 503 or r.json().get("error", {}).get("code") != "not_ready":
-            return r
-        retry_after = r.headers.get("retry-after")
-        if retry_after is None or time.monotonic() > deadline:
-            return r
-        time.sleep(min(float(retry_after), 0.25))
 
 
 def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_factory: DaemonFactory) -> None:
@@ -186,11 +135,11 @@ def test_a_loop_held_by_a_costly_request_is_replaced_and_never_failed(daemon_fac
         }
         with (
             _Readyz(d) as readyz,
-            _Bystander(d, other_key) as bystander,
+            Bystander(d, other_key, timeout_s=300, pause_s=0.1) as bystander,
             httpx.Client(timeout=600, trust_env=False) as c,
         ):
             wait_until(lambda: len(bystander.answers) >= 2, "the other tenant's first answers", 120)
-            answer = c.post(d.base_url + "/completion", json=costly, headers=_auth(attacker_key))
+            answer = c.post(d.base_url + "/completion", json=costly, headers=auth(attacker_key))
             # The bystander keeps asking after the episode, on the last child.
             settle = len(bystander.answers) + 3
             wait_until(lambda: len(bystander.answers) >= settle, "the other tenant's answers afterwards", 300)
@@ -295,7 +244,7 @@ def _frozen(d: Daemon, tracer: subprocess.Popen[str], port: int, generation0: in
         r = c.post(
             d.base_url + "/v1/completions",
             json={"model": MODEL, "prompt": "Say hi", "max_tokens": 2},
-            headers=_auth(d.inference_key),
+            headers=auth(d.inference_key),
         )
     assert r.status_code == 200, r.text[:500]
     d.wait_for(
@@ -328,7 +277,7 @@ def _long_prompt_never_trips(d: Daemon, model: str, tokens: int = 4000) -> None:
         # Cut to ``tokens`` by the child's own count (its /tokenize, through the proxy).
         while True:
             counted = c.post(
-                d.base_url + "/tokenize", json={"content": text}, headers=_auth(d.admin_key)
+                d.base_url + "/tokenize", json={"content": text}, headers=auth(d.admin_key)
             ).json()["tokens"]
             if len(counted) <= tokens:
                 break
@@ -337,7 +286,7 @@ def _long_prompt_never_trips(d: Daemon, model: str, tokens: int = 4000) -> None:
         r = c.post(
             d.base_url + "/completion",
             json={"prompt": text, "n_predict": 1, "temperature": 0},
-            headers=_auth(d.admin_key),
+            headers=auth(d.admin_key),
         )
     assert r.status_code == 200, r.text[:500]
     assert r.json()["timings"]["prompt_n"] > tokens * 0.95
