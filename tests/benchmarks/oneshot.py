@@ -104,12 +104,14 @@ async def _load(
     proc = psutil.Process(daemon.pid)
     total = WARMUP + args.requests
     rss: list[tuple[int, int]] = []
-    done = failed = prompt_tokens = 0
+    done = failed = prompt_tokens = cached_tokens = 0
+    child_ms = 0.0  # the child's own prompt and generation time, summed over requests (its ``timings``)
+    by_request: list[tuple[int, float]] = []  # (request, the child's ms)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as client:
 
         async def worker(indices: list[int]) -> None:
-            nonlocal done, failed, prompt_tokens
+            nonlocal done, failed, prompt_tokens, cached_tokens, child_ms
             while indices:
                 i = indices.pop()
                 body = {
@@ -122,7 +124,14 @@ async def _load(
                 if r.status_code != 200:
                     failed += 1
                 else:
-                    prompt_tokens += r.json()["usage"]["prompt_tokens"]
+                    answer = r.json()
+                    prompt_tokens += answer["usage"]["prompt_tokens"]
+                    details = answer["usage"].get("prompt_tokens_details") or {}
+                    cached_tokens += details.get("cached_tokens") or 0
+                    timings = answer.get("timings") or {}
+                    ms = (timings.get("prompt_ms") or 0.0) + (timings.get("predicted_ms") or 0.0)
+                    child_ms += ms
+                    by_request.append((i, round(ms, 1)))
                 done += 1
                 measured = done - WARMUP
                 if measured > 0 and measured % args.rss_every == 0:
@@ -145,6 +154,11 @@ async def _load(
         "seconds": round(seconds, 2),
         "requests_per_s": round(args.requests / seconds, 3),
         "prompt_tokens_mean": round(prompt_tokens / total, 1),
+        "cached_tokens_mean": round(cached_tokens / total, 1),
+        # The share of the slots' time the child spent on the requests: what is left is time the slots
+        # waited for the gateway (or the client) between them.
+        "child_ms_mean": round(child_ms / total, 1),
+        "child_ms": sorted(by_request),
         "rss": rss,
         "rss_growth_mib": round((rss[-1][1] - rss[0][1]) / 2**20, 2),
         "plateau": plateau(rss, args.plateau_after),
@@ -194,7 +208,7 @@ def handle(args: argparse.Namespace) -> int:
             progress.done(f"{run['target']} round {round_ + 1}", f"{run['requests_per_s']} req/s")
             run["load_average_after"] = hostload.load_average()
             runs.append(run)
-            print(json.dumps({k: v for k, v in run.items() if k != "rss"}), flush=True)
+            print(json.dumps({k: v for k, v in run.items() if k not in ("rss", "child_ms")}), flush=True)
     results = {
         "command": cli.command_line("oneshot"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
