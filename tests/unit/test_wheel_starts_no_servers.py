@@ -4,7 +4,7 @@ a redis-server or a PostgreSQL (``llamagate bench scaleout --compare limits`` ta
 postgres_server.py), and nothing there imports from ``tests/``.
 
 Read from every module's source with ``ast``: a string that is one of the servers' programs, or a path
-ending in one, is how a module would name what it runs (an argv, ``shutil.which``, ``bindir /
+ending in one, is how a module would name what it runs (an argv, a lookup on PATH, ``bindir /
 "postgres"``); prose (docstrings, and messages that merely mention them) does not count.
 """
 
@@ -93,14 +93,14 @@ def test_the_checks_see_a_launcher() -> None:
     # What the old supervisor/bench/redis.py and postgres.py did, in the forms they did it.
     planted = '''
 """Starts a redis-server: a docstring may say so."""
-import shutil
+import subprocess
 from pathlib import Path
 from tests.helpers.system import require_tool
 import tests.helpers.redis_server
 
 def start(bindir: Path) -> None:
     """initdb, then postgres."""
-    shutil.which("redis-server")
+    subprocess.Popen(["redis-server", "--port", "0"])
     argv = [bindir / "initdb", "-D", "data"]
     other = ["/usr/lib/postgresql/15/bin/postgres", "-p", "5432"]
     raise RuntimeError("postgres exited")  # a message that mentions it runs nothing
