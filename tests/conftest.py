@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.bench.postgres import Postgres, start_postgres
+from tests.helpers.postgres_server import Postgres, start_postgres
+from tests.helpers.redis_server import RedisServer
 
 # The needs_tool marker: checked before a test's fixtures (tests/helpers/system.py).
 from tests.helpers.system import (
@@ -83,8 +84,8 @@ def demo_q8_0(
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Postgres]:
-    """One private PostgreSQL server for the session (``supervisor.bench.postgres``: tied to this process,
-    run as the postgres user when the tests run as root). A test that uses it declares
+    """One private PostgreSQL server for the session (``tests/helpers/postgres_server.py``: tied to this
+    process, run as the postgres user when the tests run as root). A test that uses it declares
     ``needs_tool("initdb", "postgres")``, and takes a fresh database from ``postgres_url``."""
     require_tool("initdb")
     require_tool("postgres")
@@ -99,3 +100,14 @@ def postgres_server() -> Iterator[Postgres]:
 def postgres_url(postgres_server: Postgres) -> str:
     """A new empty database on the session's server, for one test."""
     return postgres_server.create_database("test")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server on a free port, tied to the test (``tests/helpers/redis_server.py``). A test
+    that uses it declares ``needs_tool("redis-server")``."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()

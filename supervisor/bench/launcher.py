@@ -96,16 +96,18 @@ def validate(config: Mapping[str, Any], source: str) -> Config:
     return parse_config(yaml.safe_dump(dict(config)), source=source)
 
 
-def llamagate_overrides(admit: int, max_queue: int, queue_timeout_s: float) -> tuple[dict[str, Any], str]:
+def llamagate_overrides(
+    admit: int, max_queue: int, queue_timeout_s: float, tenant: str = BENCH_TENANT
+) -> tuple[dict[str, Any], str]:
     """Config overrides for a private bench daemon: a free port, one tenant admitting ``admit`` requests
     at once (normally the slot count), and one fresh admin+inference key (returned in plaintext, stored
     only as a digest)."""
-    key, entry = new_key_config(BENCH_TENANT, ADMIN)
+    key, entry = new_key_config(tenant, ADMIN)
     overrides: dict[str, Any] = {
         "proxy": {"host": "127.0.0.1", "port": free_port()},
         "tenants": [
             {
-                "name": BENCH_TENANT,
+                "name": tenant,
                 "max_concurrency": admit,
                 "max_queue": max_queue,
                 "queue_timeout_s": queue_timeout_s,

@@ -9,6 +9,7 @@ itself it adds the launch record (binary, model, flags, digests).
 from __future__ import annotations
 
 import datetime
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -27,10 +28,13 @@ SECRET_FLAGS = ("--api-key", "--direct-api-key", "--gate-api-key")
 # Candidate routes on which llamagate serves its identity to admin keys (first that answers wins).
 IDENTITY_ROUTES = ("/admin/identity", "/identity")
 _PROPS_KEEP = ("build_info", "total_slots", "model_alias", "model_ftype", "model_path")
+# A URL's password (scaleout's --redis-url, --store-url): scheme://user:PASSWORD@host.
+_URL_PASSWORD = re.compile(r"(://[^:@/\s]*):[^@/\s]*@")
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with secret values replaced: keys must never land in a results folder."""
+    """The command line with secret values replaced: keys and passwords in URLs must never land in a
+    results folder."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -43,7 +47,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
         elif any(arg.startswith(flag + "=") for flag in SECRET_FLAGS):
             out.append(arg.split("=", 1)[0] + "=***")
         else:
-            out.append(arg)
+            out.append(_URL_PASSWORD.sub(r"\1:***@", arg))
     return out
 
 

@@ -34,7 +34,6 @@ from supervisor.child.spawn import free_port
 from supervisor.child.spawn import port_open as port_is_open
 from supervisor.config.keys import ADMIN, new_key_config
 from supervisor.errors import StartupError
-from tests.helpers.redis_server import RedisServer
 
 READY_TIMEOUT_S = 180.0  # a cold page cache and a busy 2-core machine make the first load slow
 
@@ -205,14 +204,3 @@ def daemon_factory(
         yield factory
     finally:
         factory.close()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server on a free port, tied to the test (``tests.helpers.redis_server``). A test
-    that uses it declares ``needs_tool("redis-server")``."""
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()

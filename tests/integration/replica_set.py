@@ -31,9 +31,9 @@ import pytest
 from redis.asyncio import Redis
 
 from supervisor.bench.nginx import Nginx, start_nginx
-from supervisor.bench.postgres import Postgres
 from supervisor.config.keys import ADMIN, new_key_config
 from tests.helpers.exposition import sample
+from tests.helpers.postgres_server import Postgres
 from tests.helpers.redis_server import RedisServer
 from tests.integration.conftest import Daemon, DaemonFactory
 

@@ -1,8 +1,10 @@
 """``llamagate bench scaleout --compare limits`` end to end, at toy scale: two replica sets behind the
-shipped nginx, one with each replica's own limits and one with the tenant's limit shared through the
-redis-server and the PostgreSQL the command starts; both variants run, the shared set really held its
-limits in Redis (its replicas' ``llamagate_cluster_mode`` is ``cluster``, the other set's ``off``), and
-nothing the command started outlives it."""
+shipped nginx, one with each replica's own limits and one with the tenant's limit shared through a
+redis-server and a PostgreSQL the test starts (tests/helpers/) and passes as ``--redis-url`` and
+``--store-url``, as an operator passes theirs; both variants run, the shared set really held its limits
+in Redis (its replicas' ``llamagate_cluster_mode`` is ``cluster``, the other set's ``off``), nothing the
+command started outlives it, and it left nothing in the two servers: no key in the Redis (beside one of
+another tenant's, untouched), no database of its own on the PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 import yaml
 
 from supervisor.child.spawn import popen_tied
+from tests.helpers.postgres_server import Postgres
+from tests.helpers.redis_server import RedisServer
 from tests.integration.conftest import process_gone
 
 pytestmark = [
@@ -23,9 +29,24 @@ pytestmark = [
 ]
 
 
+def _databases(server: Postgres) -> set[str]:
+    with psycopg.connect(server.url()) as conn:
+        return {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+
+
 def test_scaleout_compares_shared_limits_with_per_replica_limits(
-    tmp_path: Path, llama_server_binary: Path, demo_model: Path, demo_model_sha256: str
+    tmp_path: Path,
+    llama_server_binary: Path,
+    demo_model: Path,
+    demo_model_sha256: str,
+    redis_server: RedisServer,
+    postgres_server: Postgres,
 ) -> None:
+    # Another tenant's lease on the same Redis: the run must neither count it nor delete it.
+    other = "llamagate:{bench}:lease:smollm2-135m-instruct"
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.zadd(other, {"elsewhere#0": 1})
+    databases = _databases(postgres_server)
     config = tmp_path / "cfg.yaml"
     llama = {
         "binary": str(llama_server_binary),
@@ -35,7 +56,7 @@ def test_scaleout_compares_shared_limits_with_per_replica_limits(
     out = tmp_path / "scaleout"
     argv = [sys.executable, "-m", "supervisor", "bench", "scaleout", "--compare", "limits", "--config"]
     argv += [str(config), "--replicas", "2", "--duration", "4", "--max-tokens", "4", "--ctx-per-slot", "512"]
-    argv += ["--out", str(out)]
+    argv += ["--out", str(out), "--redis-url", redis_server.url, "--store-url", postgres_server.url()]
     # Tied to the test: the command's own children are tied to it in turn.
     bench = popen_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -58,6 +79,14 @@ def test_scaleout_compares_shared_limits_with_per_replica_limits(
         assert r["submitted"] == r["completed"] + r["rejected"], r
 
     pids = report["pids"]
-    assert set(pids) == {"redis-server", "postgres", "replicas"} and len(pids["replicas"]) == 4
-    for pid in (pids["redis-server"], pids["postgres"], *pids["replicas"]):
+    assert set(pids) == {"replicas"} and len(pids["replicas"]) == 4  # it started no server
+    for pid in pids["replicas"]:
         assert process_gone(pid), pid
+
+    shared = report["shared_state"]
+    tenant = shared["redis_keys"].removeprefix("llamagate:{").removesuffix("}:*")
+    assert tenant.startswith("scaleout-") and shared["database"] == "llamagate_" + tenant.replace("-", "_")
+    assert shared["left_behind"] == []
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert client.keys("*") == [other.encode()]
+    assert _databases(postgres_server) == databases

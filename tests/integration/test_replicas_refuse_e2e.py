@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.bench.postgres import Postgres
+from tests.helpers.postgres_server import Postgres
 from tests.integration.replica_set import (
     REPLICAS,
     Load,

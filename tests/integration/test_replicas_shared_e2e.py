@@ -36,7 +36,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from supervisor.bench.postgres import Postgres
+from tests.helpers.postgres_server import Postgres
 from tests.integration.conftest import key_status, process_gone, until_key_status
 from tests.integration.replica_set import (
     BUDGET,

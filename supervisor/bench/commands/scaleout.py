@@ -15,9 +15,12 @@ and alternates between them:
 
   per-replica  each replica holds the tenant's limit (``max_concurrency: 1``) in its own memory, and its
                own SQLite ledger: the set admits N at once only because there are N replicas
-  shared       the tenant's limit is N for the whole set, held as leases in a real redis-server
-               (``cluster.redis_url``), and the keys and the ledger are in a real PostgreSQL
-               (``store.url``): both started here and tied to this process like the replicas
+  shared       the tenant's limit is N for the whole set, held as leases in the operator's Redis
+               (``--redis-url``, as ``cluster.redis_url``), and the keys and the ledger are in a
+               database of the run's own on the operator's PostgreSQL (``--store-url``, as ``store.url``)
+
+The command starts no Redis and no PostgreSQL: it takes the operator's, and takes back what it wrote
+there (``supervisor.bench.shared_state``: the run's tenant's keys, the run's database).
 
 Same capacity either way, so the difference is what sharing costs: a lease round trip per request, its
 renewals, and the ledger's writes over the network.
@@ -48,6 +51,7 @@ import httpx
 from supervisor.bench import options
 from supervisor.bench.client import Target
 from supervisor.bench.launcher import (
+    BENCH_TENANT,
     PrivateDaemon,
     deep_merge,
     llamagate_overrides,
@@ -58,7 +62,13 @@ from supervisor.bench.loadgen import LoadSpec
 from supervisor.bench.nginx import SHIPPED_CONF, Mode, start_nginx
 from supervisor.bench.provenance import collect
 from supervisor.bench.runner import RunSpec, run
-from supervisor.bench.shared_state import shared_state
+from supervisor.bench.shared_state import (
+    SharedState,
+    check_redis_url,
+    check_store_url,
+    run_tenant,
+    shared_state,
+)
 from supervisor.child.spawn import free_port
 from supervisor.errors import UsageError
 from supervisor.interrupts import interruptible
@@ -101,7 +111,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=("routing", "limits"),
         default="routing",
         help="routing: the shipped nginx vs round robin; limits: tenant limits shared through Redis and "
-        "PostgreSQL vs each replica's own, both behind the shipped nginx (routing)",
+        "PostgreSQL vs each replica's own, both behind the shipped nginx (routing); limits needs "
+        "--redis-url and --store-url",
+    )
+    parser.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help="with --compare limits: your Redis (redis://, rediss:// or unix://) for the shared set's "
+        "leases; written only under llamagate:{scaleout-RUN}:* (the run's own tenant), deleted at the end",
+    )
+    parser.add_argument(
+        "--store-url",
+        metavar="URL",
+        help="with --compare limits: your PostgreSQL (postgresql://; the user needs CREATEDB) for the shared "
+        "set's keys and ledger, in a database of the run's own (llamagate_scaleout_RUN), dropped at the end",
     )
     parser.add_argument(
         "--nginx-conf", type=Path, default=SHIPPED_CONF, help="the nginx site file to test (the shipped one)"
@@ -112,10 +135,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=interruptible(_handle), max_tokens=64)
 
 
-def replica_overrides() -> tuple[dict[str, Any], str]:
+def replica_overrides(tenant: str = BENCH_TENANT) -> tuple[dict[str, Any], str]:
     """Overrides shared by every replica: one tenant admitting 1 request with no queue, and one key valid
     on every replica (as a real replica set shares its ConfigMap and Secret). Each replica adds its port."""
-    overrides, key = llamagate_overrides(admit=1, max_queue=0, queue_timeout_s=1.0)
+    overrides, key = llamagate_overrides(admit=1, max_queue=0, queue_timeout_s=1.0, tenant=tenant)
     overrides["proxy"].pop("port", None)
     return overrides, key
 
@@ -191,7 +214,27 @@ def verdict(rows: list[dict[str, Any]]) -> bool:
     return all(m.get("balanced", 0.0) >= m.get("round-robin", 0.0) for m in by_round.values())
 
 
+def check_shared_options(args: argparse.Namespace) -> None:
+    """``--compare limits`` needs the operator's Redis and PostgreSQL; the other comparison takes neither."""
+    given = [
+        opt for opt, value in (("--redis-url", args.redis_url), ("--store-url", args.store_url)) if value
+    ]
+    if args.compare != "limits":
+        if given:
+            raise UsageError(f"{' and '.join(given)}: only with --compare limits")
+        return
+    missing = [opt for opt in ("--redis-url", "--store-url") if opt not in given]
+    if missing:
+        raise UsageError(
+            f"--compare limits needs {' and '.join(f'{opt} URL' for opt in missing)}: the Redis and the "
+            "PostgreSQL the shared set uses (the command starts neither)"
+        )
+    check_redis_url(args.redis_url)
+    check_store_url(args.store_url)
+
+
 def _handle(args: argparse.Namespace) -> int:
+    check_shared_options(args)
     if args.replicas < 2:
         raise UsageError("--replicas: at least 2 (one replica has nothing to balance)")
     if args.rounds < 1 or args.duration <= 0:
@@ -200,22 +243,25 @@ def _handle(args: argparse.Namespace) -> int:
     progress = ConsoleProgress()
     out = options.out_dir(args, "scaleout")
     out.mkdir(parents=True, exist_ok=True)
-    shared, key = replica_overrides()
+    # limits: the tenant is named for the run, its namespace in the operator's Redis (shared_state).
+    shared, key = replica_overrides(run_tenant() if args.compare == "limits" else BENCH_TENANT)
     base = read_base_config(args.config)
     per_replica = {"llama": {"slots": 1, "threads": 1, "ctx_per_slot": args.ctx_per_slot}}
     launched: list[PrivateDaemon] = []
     rows: list[dict[str, Any]] = []
     variants = LIMIT_VARIANTS if args.compare == "limits" else ROUTING_VARIANTS
     sets: dict[str, list[PrivateDaemon]] = {}
-    pids: dict[str, int] = {}  # what the command started besides the replicas (and nginx, per run)
+    state: SharedState | None = None
     with contextlib.ExitStack() as stack:
         try:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llamagate-scaleout-")))
             # routing: one set, fronted two ways; limits: one set per variant, each fronted the shipped way.
             set_overrides: dict[str, dict[str, Any]] = {"": {}}
             if args.compare == "limits":
-                state = stack.enter_context(shared_state(tmp / "shared", args.replicas, progress))
-                pids.update(state.pids)
+                tenant = shared["tenants"][0]["name"]
+                state = stack.enter_context(
+                    shared_state(args.redis_url, args.store_url, tenant, args.replicas, progress)
+                )
                 # The same tenant, its limit now the whole set's: as many at once as there are replicas.
                 whole_set = [{**shared["tenants"][0], "max_concurrency": args.replicas}]
                 set_overrides = {"per-replica": {}, "shared": {**state.overrides, "tenants": whole_set}}
@@ -268,11 +314,15 @@ def _handle(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
         "rows": rows,
         "passed": ok,
-        "pids": {**pids, "replicas": replica_pids},
+        # What the command started (nginx is stopped after each run), to check that none outlives it.
+        "pids": {"replicas": replica_pids},
+        "shared_state": None if state is None else state.record,
         "provenance": collect(sys.argv, {}, {"replicas": identities[:1]}),
     }
     (out / "scaleout.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     print(_table(rows))
     print(f"verdict: {'PASS' if ok else 'FAIL'}: {VERDICTS[args.compare]}")
     print(f"results: {out}")
+    for what in state.record["left_behind"] if state else []:
+        print(f"warning: left behind: {what}", file=sys.stderr)
     return 0 if ok else 1

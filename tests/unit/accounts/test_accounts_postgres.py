@@ -19,11 +19,11 @@ from proxy.accounts.migrations import latest
 from proxy.accounts.postgres import PostgresStore, display_url, inspect_postgres, open_postgres
 from proxy.accounts.store import StoreError
 from proxy.settings import Scope
-from supervisor.bench.postgres import Postgres
 from supervisor.child.spawn import free_port
 from supervisor.config.load import parse_config
 from supervisor.daemon.wiring import check_store, open_accounts
 from supervisor.errors import Misconfigured
+from tests.helpers.postgres_server import Postgres
 from tests.unit.accounts.conftest import wait_until
 
 INFERENCE: frozenset[Scope] = frozenset({"inference"})

@@ -142,6 +142,22 @@ def test_api_keys_are_redacted_from_the_command_line() -> None:
     assert "lg_secret" not in cl["command"] and "lg_x" not in cl["command"]
 
 
+def test_passwords_in_urls_are_redacted_from_the_command_line() -> None:
+    argv = ["llamagate", "bench", "scaleout", "--redis-url", "redis://:r3d@h:6379/0"]
+    argv += ["--store-url=postgresql://gate:p9s@db:5432/postgres", "--url", "http://h:8080"]
+    assert redact_argv(argv)[3:] == [
+        "--redis-url",
+        "redis://:***@h:6379/0",
+        "--store-url=postgresql://gate:***@db:5432/postgres",
+        "--url",
+        "http://h:8080",
+    ]
+    assert redact_argv(["postgresql://gate@db/x", "unix:///run/redis.sock"]) == [
+        "postgresql://gate@db/x",
+        "unix:///run/redis.sock",
+    ]
+
+
 # -- options -----------------------------------------------------------------------------------------
 
 

@@ -27,8 +27,8 @@ from proxy.accounts.sqlite import open_store
 from proxy.accounts.store import Store, StoreError
 from proxy.models.lane import ModelEntry
 from proxy.settings import BudgetSettings, Scope, TenantSettings
-from supervisor.bench.postgres import Postgres
 from tests.fakes.fake_upstream import FakeLlama, eventually
+from tests.helpers.postgres_server import Postgres
 from tests.unit.accounts.conftest import ENGINES
 from tests.unit.proxy.conftest import SECRET, Proxy, ProxyFactory
 

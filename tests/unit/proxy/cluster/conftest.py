@@ -1,23 +1,13 @@
-"""A real redis-server per test (tests/helpers/redis_server.py), and clients of it."""
+"""Clients of the real redis-server each test gets (``redis_server`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from tests.helpers.redis_server import RedisServer
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

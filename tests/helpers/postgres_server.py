@@ -1,6 +1,8 @@
-"""A real, private PostgreSQL server for the store's tests (and a scale-out run): Debian's ``initdb`` and
-``postgres`` (``/usr/lib/postgresql/VERSION/bin``), a fresh cluster in a folder of its own, on a free
-loopback port, tied to this process.
+"""A real, private PostgreSQL server for the store's tests (``postgres_server`` in tests/conftest.py):
+Debian's ``initdb`` and ``postgres`` (``/usr/lib/postgresql/VERSION/bin``), a fresh cluster in a folder of
+its own, on a free loopback port, tied to this process. Test servers live here, not in the wheel:
+``llamagate bench scaleout --compare limits`` takes the operator's PostgreSQL (``--store-url``) instead
+of starting one (tests/unit/test_wheel_starts_no_servers.py).
 
 - **Tied.** ``postgres`` is started with ``child.spawn.popen_tied`` (PR_SET_PDEATHSIG: the kernel kills
   it when this process dies, even by SIGKILL); its backends notice the postmaster's death and exit (on
