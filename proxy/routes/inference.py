@@ -287,7 +287,6 @@ class Inference:
             priority=asks.priority if asks is not None else None,
             max_wait_s=asks.max_wait_s if asks is not None else None,
             key_budgets=req.who.budgets,
-            request_id=ctx.request_id,
             conversation=conversation,
             # An admin's own ``id_slot`` (``proxy.schema``) is the child's to honour, not ours.
             placeable=self.spec.generates and "id_slot" not in payload,

@@ -114,7 +114,7 @@ async def test_one_wait_for_every_step_and_a_replay_waits_afresh_at_the_front() 
         assert grant.permit is not None
         grant.permit.release()
         again = await pipeline.retake_slot(grant)
-        assert grant.ask.front and grant.ask.waited_s == 0.0 and again is grant.permit
+        assert grant.front and grant.waited_s == 0.0 and again is grant.permit
     assert gate.in_flight == 0
 
 
