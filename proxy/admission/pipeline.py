@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -73,10 +73,16 @@ class Step(Protocol):
     async def take(self, ask: Ask, grant: Grant) -> Hold: ...
 
 
-Check = Callable[[], Awaitable[None]]
+class Check(Protocol):
+    """The request's own check against its child (``PromptCheck``; the endpoint's is
+    ``proxy.routes.prompt_tokens.PromptTokens``)."""
+
+    async def check(self) -> None:
+        """Return when the request may go on; else raise its refusal (``proxy.errors``)."""
+        ...
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Ask:
     """A request as every step sees it, described once. ``priority`` is the request's own level (its
     tenant's, or a lower one it asked for); ``max_wait_s`` the wait it asked for (None: its tenant's
@@ -155,8 +161,9 @@ class PromptCheck:
     for one), a 400 before any wait; it holds nothing."""
 
     async def take(self, ask: Ask, grant: Grant) -> Hold:
-        if ask.check is not None:
-            await ask.check()
+        check = ask.check
+        if check is not None:
+            await check.check()
         return _NOTHING
 
 

@@ -12,9 +12,9 @@ JSON; the model the body names picks its lane (``proxy.models.router``: name or 
    (the wait counts toward TTFT) and the request sized (``proxy.admission.cost``: how many slots at once).
 2. **Admit**: the request, described once (``proxy.admission.pipeline.Ask``), enters the door's pipeline
    (``state.pipeline``), one list of steps: the budgets (a 429 before any queue or slot), the optional
-   prompt-size check (a 400 before any wait), the tenant's total, its leases shared with the other
-   replicas when there are any, and last the slots of the lane's gate; the steps are the door's business,
-   not this module's.
+   prompt-size check (``proxy.routes.prompt_tokens``: a 400 before any wait), the tenant's total, its
+   leases shared with the other replicas when there are any, and last the slots of the lane's gate; the
+   steps are the door's business, not this module's.
 3. **Forward** (``_attempts``), then relay the answer.
 
 Every step that can wait (queue, first token, the stream) runs under the client watch, so a client that
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -66,16 +65,14 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key, named
 from proxy.errors import (
-    ContextTooLarge,
     NotFound,
-    ProxyError,
     Rejected,
     UpstreamFailure,
     UpstreamTimeout,
 )
 from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
-from proxy.routes.prompt_tokens import CHARGE_COUNT_S, count_prompt_tokens, estimate_prompt_tokens
+from proxy.routes.prompt_tokens import PromptTokens
 from proxy.routes.replay import Recovery
 from proxy.routes.table import RouteSpec
 from proxy.routes.tier_turn import TierTurn
@@ -242,8 +239,8 @@ class Inference:
         rewrite = req.rewritten or rewrite
         size = cost.size(self.cost_kind, payload, tenant, capacity=snap.slots)
         stream = payload.get("stream") is True and self.spec.generates
-        # As the client sent it: counted before we make it a stream.
-        prompt_payload = dict(payload) if tenant.check_prompt_size else None
+        # Counted as the client sent it (for its check and its charge), not as the stream we make of it.
+        prompt = PromptTokens(state, lane, self.route, dict(payload), ctx.request_id)
         assemble = None if stream else assembled_as(self.spec.assembled, payload)
         if assemble is not None:
             payload["stream"] = True
@@ -268,14 +265,7 @@ class Inference:
             hide=not (admin or tenant.show_cache_details),
             reuse=payload.get("cache_prompt") is not False,  # disk tier
         )
-        req.account = open_account(
-            state,
-            ctx,
-            req.who,
-            lane.name,
-            self.spec.kind,
-            partial(self._prompt_for_charge, lane, payload, ctx),
-        )
+        req.account = open_account(state, ctx, req.who, lane.name, self.spec.kind, prompt)
         ask = Ask(
             tenant,
             req.who.key_id,
@@ -290,15 +280,8 @@ class Inference:
             conversation=conversation,
             # An admin's own ``id_slot`` (``proxy.schema``) is the child's to honour, not ours.
             placeable=self.spec.generates and "id_slot" not in payload,
+            check=prompt if tenant.check_prompt_size else None,
         )
-        if prompt_payload is not None:
-
-            async def check_prompt() -> None:
-                # Re-read: the child may have restarted while the body was on its way.
-                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
-
-            ask.check = check_prompt
-
         async with ClientWatch(req.receive) as watch:
             req.watch = watch
             req.entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
@@ -461,27 +444,3 @@ class Inference:
             if cancelled is None or not ctx.response_started:
                 raise
             await relay.end_with(cancelled)
-
-    async def _prompt_for_charge(
-        self, lane: Lane, payload: dict[str, Any], ctx: RequestContext
-    ) -> tuple[int, str]:
-        """The prompt's tokens of a request the child never reported (``proxy.routes.charge``): counted
-        by a READY child of its model within a few seconds, else estimated from the prompt's bytes."""
-        try:
-            async with asyncio.timeout(CHARGE_COUNT_S):
-                counted = await count_prompt_tokens(
-                    self.state, lane.ready_snapshot(), self.route, payload, ctx.request_id
-                )
-        except (ProxyError, TimeoutError):
-            counted = None
-        if counted is not None:
-            return counted, "counted"
-        return estimate_prompt_tokens(payload), "estimated"
-
-    async def _check_prompt_size(
-        self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
-    ) -> None:
-        n_tokens = await count_prompt_tokens(self.state, snap, self.route, payload, request_id)
-        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
-        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
-            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
