@@ -1,12 +1,12 @@
 """One admission pipeline: every limit a generation request passes, behind one interface.
 
-A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, what it has
-waited so far, and its own prompt check) and handed to each step in turn. Each step is a ``Step``:
-``take(ask, grant)`` returns a ``Hold`` or raises the refusal (400, 429 or 503) that names the limit; a
-step that waits (a queue, a lease) waits at most what the request has left of its wait. Every hold is
-closed exactly once: ``close(spent)`` charges what the request used (``Spent``: its tokens),
-``close(None)`` gives the hold back. A hold that does not count tokens (a slot, a lease, a tenant's total)
-treats both the same.
+A request is described once (``Ask``: tenant, key, model, slots, reserve, priority, max wait, and its own
+prompt check) and handed to each step in turn, with what the pipeline has given it so far (``Grant``: its
+holds, its slot, what it has waited). Each step is a ``Step``: ``take(ask, grant)`` returns a ``Hold`` or
+raises the refusal (400, 429 or 503) that names the limit; a step that waits (a queue, a lease) waits at
+most what the request has left of its wait (``Grant.wait_left_s``). Every hold is closed exactly once:
+``close(spent)`` charges what the request used (``Spent``: its tokens), ``close(None)`` gives the hold
+back. A hold that does not count tokens (a slot, a lease, a tenant's total) treats both the same.
 
 The steps, one ordered list built by the door's state (``proxy.state``; again on reload), in the order a
 request meets them (cheapest refusal first, and nothing that holds a slot while it waits for something
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -73,15 +73,21 @@ class Step(Protocol):
     async def take(self, ask: Ask, grant: Grant) -> Hold: ...
 
 
-Check = Callable[[], Awaitable[None]]
+class Check(Protocol):
+    """The request's own check against its child (``PromptCheck``; the endpoint's is
+    ``proxy.routes.prompt_tokens.PromptTokens``)."""
+
+    async def check(self) -> None:
+        """Return when the request may go on; else raise its refusal (``proxy.errors``)."""
+        ...
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Ask:
-    """A request as every step sees it. ``priority`` is the request's own level (its tenant's, or a
-    lower one it asked for); ``max_wait_s`` the wait it asked for (None: its tenant's
-    ``queue_timeout_s``), which caps every wait of the pipeline together: ``waited_s`` is what the
-    steps have used of it so far."""
+    """A request as every step sees it, described once. ``priority`` is the request's own level (its
+    tenant's, or a lower one it asked for); ``max_wait_s`` the wait it asked for (None: its tenant's
+    ``queue_timeout_s``), which caps every wait of the pipeline together (``Grant.waited_s`` is what
+    the steps have used of it so far)."""
 
     tenant: TenantSettings
     key_id: str
@@ -91,9 +97,6 @@ class Ask:
     priority: int | None = None
     max_wait_s: float | None = None
     key_budgets: BudgetSettings | None = None
-    request_id: str = ""
-    front: bool = False  # a replay: at the head of its tenant's queue (``proxy.admission.gate``)
-    waited_s: float = 0.0
     # Its conversation's key (``proxy.conversations.key``), and whether its task can be placed on a slot
     # (a generation the child runs with ``id_slot``; ``proxy.conversations.slots``).
     conversation: str | None = None
@@ -113,28 +116,32 @@ class Ask:
         limit = self.tenant.queue_timeout_s
         return limit if self.max_wait_s is None else min(self.max_wait_s, limit)
 
-    @property
-    def wait_left_s(self) -> float:
-        return max(0.0, self.wait_limit_s - self.waited_s)
-
 
 @dataclass(eq=False)
 class Grant:
-    """What the pipeline gave one request: its holds (closed at the end, last first), its slot, and what
-    the answer says of them."""
+    """What the pipeline gave one request: its holds (closed at the end, last first), its slot, what
+    the answer says of them, and how far the request has come: the wait it has used and whether it is a
+    replay (``Pipeline.retake_slot``)."""
 
     ask: Ask
     ctx: RequestContext
     gate: SlotGate
     holds: list[Hold] = field(default_factory=list)
     permit: Permit | None = None
+    waited_s: float = 0.0  # what the steps have used of the request's wait (``Ask.wait_limit_s``)
+    front: bool = False  # a replay: at the head of its tenant's queue (``proxy.admission.gate``)
     # Rate-limit headers for every answer to the request (``RequestContext.extra_headers``).
     rate_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     spent: Spent | None = None
 
+    @property
+    def wait_left_s(self) -> float:
+        """What is left of the request's wait, for the next step that waits."""
+        return max(0.0, self.ask.wait_limit_s - self.waited_s)
+
     def waited(self, seconds: float) -> None:
         """A step waited ``seconds``: it counts against the request's wait and as its queue time."""
-        self.ask.waited_s += seconds
+        self.waited_s += seconds
         self.ctx.queue_wait_s = (self.ctx.queue_wait_s or 0.0) + seconds
 
     def show(self, rate_headers: list[tuple[bytes, bytes]]) -> None:
@@ -154,8 +161,9 @@ class PromptCheck:
     for one), a 400 before any wait; it holds nothing."""
 
     async def take(self, ask: Ask, grant: Grant) -> Hold:
-        if ask.check is not None:
-            await ask.check()
+        check = ask.check
+        if check is not None:
+            await check.check()
         return _NOTHING
 
 
@@ -167,13 +175,13 @@ class Slots:
     async def take(self, ask: Ask, grant: Grant) -> Hold:
         # Nothing waited yet: the gate applies the request's own wait and names it in a refusal; after a
         # lease's wait, what is left of it.
-        max_wait_s = ask.max_wait_s if ask.waited_s == 0 else ask.wait_left_s
+        max_wait_s = ask.max_wait_s if grant.waited_s == 0 else grant.wait_left_s
         permit = await grant.gate.acquire(
             ask.tenant.name,
             ask.slots,
             priority=ask.priority,
             max_wait_s=max_wait_s,
-            front=ask.front,
+            front=grant.front,
             conversation=ask.conversation,
             placeable=ask.placeable,
         )
@@ -231,9 +239,8 @@ class Pipeline:
     async def retake_slot(self, grant: Grant) -> Permit:
         """A replay: slots again, at the head of the tenant's queue, within a wait of its own (the
         request waited for the next child, not for a slot). Every other hold is kept."""
-        ask = grant.ask
-        ask.front, ask.waited_s = True, 0.0
-        await self._slots.take(ask, grant)  # the grant's permit hold closes whichever permit it has
+        grant.front, grant.waited_s = True, 0.0
+        await self._slots.take(grant.ask, grant)  # the grant's permit hold closes whichever permit it has
         assert grant.permit is not None
         return grant.permit
 

@@ -61,7 +61,7 @@ class LeaseStep:
         tenant = ask.tenant
         try:
             return await self.limiter.acquire(
-                ask.model, tenant, ask.slots, level=ask.level, wait_s=ask.wait_left_s
+                ask.model, tenant, ask.slots, level=ask.level, wait_s=grant.wait_left_s
             )
         except Rejected as exc:
             if exc.reason not in ("queue_full", "queue_timeout"):

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from proxy.accounts.records import LedgerRow
 from proxy.admission.pipeline import Grant
@@ -54,9 +55,15 @@ from proxy.streams.usage import Usage, UsageTap
 # What a relay without a usage tap reports: nothing (read only, never changed).
 _UNREPORTED = Usage()
 
-# The prompt's tokens when the child did not report them, and how they were found: "counted" by the
-# model's tokenizer, or "estimated" without a child to count on (``proxy.routes.inference``).
-PromptCount = Callable[[], Awaitable[tuple[int, str]]]
+
+class PromptCount(Protocol):
+    """A request's prompt, for its charge when the child did not report it (the endpoint's is
+    ``proxy.routes.prompt_tokens.PromptTokens``)."""
+
+    async def for_charge(self) -> tuple[int, str]:
+        """Its tokens, and how they were found: "counted" by the model's tokenizer, or "estimated"
+        without a child to count on."""
+        ...
 
 
 class Account:
@@ -69,7 +76,7 @@ class Account:
         who: Principal,
         model: str,
         kind: str,
-        count_prompt: PromptCount,
+        prompt: PromptCount,
     ) -> None:
         self._ledger = state.accounts  # the store's accounts; None: budgets in memory, no ledger
         self._metrics = state.metrics
@@ -77,7 +84,7 @@ class Account:
         self._who = who
         self._model = model
         self._kind = kind  # the route's, as the ledger names it
-        self._count_prompt = count_prompt
+        self._prompt = prompt
         self.relay: Relay | None = None
 
     def tap(self, fmt: StreamFormat) -> UsageTap | None:
@@ -138,7 +145,7 @@ class Account:
             return (prompt, cached, completion), "reported"
         if meter is not None:
             completion = max(completion, meter.tokens)  # cut short: what was generated until then
-        prompt, source = await self._count_prompt()
+        prompt, source = await self._prompt.for_charge()
         return (prompt, 0, completion), source
 
 
@@ -182,10 +189,10 @@ NO_ACCOUNT = NoAccount()
 
 
 def open_account(
-    state: ProxyState, ctx: RequestContext, who: Principal, model: str, kind: str, count_prompt: PromptCount
+    state: ProxyState, ctx: RequestContext, who: Principal, model: str, kind: str, prompt: PromptCount
 ) -> Account | NoAccount:
     """The account of one request of ``kind`` (its route's) to ``model``; ``NO_ACCOUNT`` without a store,
     budgets or telemetry (which reports the usage too)."""
     if state.accounts is None and not state.budgeted and ctx.genai is None:
         return NO_ACCOUNT
-    return Account(state, ctx, who, model, kind, count_prompt)
+    return Account(state, ctx, who, model, kind, prompt)

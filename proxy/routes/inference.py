@@ -10,11 +10,12 @@ JSON; the model the body names picks its lane (``proxy.models.router``: name or 
    (``proxy.schema``: every field's type, range and who may send it, the tenant's bounds among them; a 400
    naming the field, or a rewrite such as the token cap). Only then is an unloaded on_demand model loaded
    (the wait counts toward TTFT) and the request sized (``proxy.admission.cost``: how many slots at once).
-2. **Admit**: the request, described once (``proxy.admission.pipeline.Ask``), enters the door's pipeline
-   (``state.pipeline``), one list of steps: the budgets (a 429 before any queue or slot), the optional
-   prompt-size check (a 400 before any wait), the tenant's total, its leases shared with the other
-   replicas when there are any, and last the slots of the lane's gate; the steps are the door's business,
-   not this module's.
+2. **Admit** (``_admitted``): the body as the child gets it (``_for_child``); the request, described once
+   (``_ask``: ``proxy.admission.pipeline.Ask``), enters the door's pipeline (``state.pipeline``), one list
+   of steps: the budgets (a 429 before any queue or slot), the optional prompt-size check
+   (``proxy.routes.prompt_tokens``: a 400 before any wait), the tenant's total, its leases shared with the
+   other replicas when there are any, and last the slots of the lane's gate; the steps are the door's
+   business, not this module's.
 3. **Forward** (``_attempts``), then relay the answer.
 
 Every step that can wait (queue, first token, the stream) runs under the client watch, so a client that
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -66,16 +66,14 @@ from proxy.asgi.disconnect import ClientWatch
 from proxy.auth import Principal
 from proxy.conversations.key import KEY_HEADER, conversation_id, conversation_key, named
 from proxy.errors import (
-    ContextTooLarge,
     NotFound,
-    ProxyError,
     Rejected,
     UpstreamFailure,
     UpstreamTimeout,
 )
 from proxy.models.lane import Lane
 from proxy.routes.charge import Account, NoAccount, open_account
-from proxy.routes.prompt_tokens import CHARGE_COUNT_S, count_prompt_tokens, estimate_prompt_tokens
+from proxy.routes.prompt_tokens import PromptTokens
 from proxy.routes.replay import Recovery
 from proxy.routes.table import RouteSpec
 from proxy.routes.tier_turn import TierTurn
@@ -203,7 +201,7 @@ class Inference:
         try:
             await state.router.load(lane, receive)
             snap = snap or lane.ready_snapshot()  # after a load: the loaded child
-            await self._admitted(req, snap, raw, payload, asks)
+            await self._admitted(req, snap, payload, asks)
         finally:
             lane.track_active(-1)
             lane.touch()
@@ -230,79 +228,19 @@ class Inference:
             raise NotFound(f"{self.route} is not enabled for the model '{lane.name}' ({self.needs}: false)")
 
     async def _admitted(
-        self, req: _Request, snap: UpstreamSnapshot, raw: bytes, payload: dict[str, Any], asks: Asked | None
+        self, req: _Request, snap: UpstreamSnapshot, payload: dict[str, Any], asks: Asked | None
     ) -> None:
-        state, ctx, tenant, lane = self.state, req.ctx, req.tenant, req.lane
-        admin = "admin" in req.who.scopes
-        # An alias becomes the child's own name for the model.
-        model = payload.get("model")
-        rewrite = model is not None and model != snap.model_alias
-        if rewrite:
-            payload["model"] = snap.model_alias
-        rewrite = req.rewritten or rewrite
-        size = cost.size(self.cost_kind, payload, tenant, capacity=snap.slots)
-        stream = payload.get("stream") is True and self.spec.generates
-        # As the client sent it: counted before we make it a stream.
-        prompt_payload = dict(payload) if tenant.check_prompt_size else None
-        assemble = None if stream else assembled_as(self.spec.assembled, payload)
-        if assemble is not None:
-            payload["stream"] = True
-            payload["stream_options"] = {"include_usage": True}
-            # Progress events while the prompt is processed: the child writes, so it notices a client
-            # that left during a long prompt too, not only once it generates (consumed here, never sent).
-            payload["return_progress"] = True
-            rewrite = True
-        req.raw = body.dump(payload) if rewrite else raw
-        # Its conversation, for the slot it runs on (``proxy.conversations``); the answer shows the key.
-        conversation = None
-        if self.spec.generates:
-            cid = conversation_id(req.headers, payload)
-            if cid is not None:
-                conversation = conversation_key(tenant.name, cid)
-                ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
-                if named(cid):
-                    lane.tier.named(conversation)  # disk tier: its state is written when it leaves a slot
-        req.plan = _Plan(
-            stream,
-            assemble,
-            hide=not (admin or tenant.show_cache_details),
-            reuse=payload.get("cache_prompt") is not False,  # disk tier
-        )
-        req.account = open_account(
-            state,
-            ctx,
-            req.who,
-            lane.name,
-            self.spec.kind,
-            partial(self._prompt_for_charge, lane, payload, ctx),
-        )
-        ask = Ask(
-            tenant,
-            req.who.key_id,
-            lane.name,
-            size.slots,
-            # An upper bound of the tokens it can use (``proxy.accounts.budgets``): every sequence at
-            # most fills its slot's context (llama-server stops a sequence there: context shift is off).
-            reserve=max(1, size.sequences) * snap.ctx_per_slot if snap.ctx_per_slot > 0 else None,
-            priority=asks.priority if asks is not None else None,
-            max_wait_s=asks.max_wait_s if asks is not None else None,
-            key_budgets=req.who.budgets,
-            request_id=ctx.request_id,
-            conversation=conversation,
-            # An admin's own ``id_slot`` (``proxy.schema``) is the child's to honour, not ours.
-            placeable=self.spec.generates and "id_slot" not in payload,
-        )
-        if prompt_payload is not None:
-
-            async def check_prompt() -> None:
-                # Re-read: the child may have restarted while the body was on its way.
-                await self._check_prompt_size(lane.ready_snapshot(), prompt_payload, ctx.request_id)
-
-            ask.check = check_prompt
-
+        """Admit the checked request and forward it: the body as its child gets it (``_for_child``), its
+        prompt for the two that count it (``PromptTokens``), its account and its ``Ask``; then, under the
+        client watch and listed in the registry, the attempts inside the pipeline's grant."""
+        state, ctx, lane = self.state, req.ctx, req.lane
+        req.raw, req.plan = self._for_child(req, snap, payload)
+        prompt = PromptTokens(state, lane, self.route, payload, ctx.request_id)
+        ask = self._ask(req, snap, payload, asks, prompt)
+        req.account = open_account(state, ctx, req.who, lane.name, self.spec.kind, prompt)
         async with ClientWatch(req.receive) as watch:
             req.watch = watch
-            req.entry = Tracked(ctx.request_id, tenant.name, ctx.key_id, lane.name, self.route, watch)
+            req.entry = Tracked(ctx.request_id, req.tenant.name, ctx.key_id, lane.name, self.route, watch)
             state.inflight.add(req.entry)
             try:
                 ctx.admit_at = time.monotonic()
@@ -313,6 +251,83 @@ class Inference:
                     await self._attempts(req, grant)
             finally:
                 state.inflight.remove(req.entry)
+
+    def _for_child(
+        self, req: _Request, snap: UpstreamSnapshot, payload: dict[str, Any]
+    ) -> tuple[bytes, _Plan]:
+        """The body as the child gets it, and how it goes there and back (``_Plan``). ``payload`` keeps
+        the request as checked, but for the model's name: a non-streamed answer assembled here is asked of
+        the child as a stream in its body only, so the prompt is counted as the client sent it."""
+        # An alias becomes the child's own name for the model.
+        model = payload.get("model")
+        rewrite = model is not None and model != snap.model_alias
+        if rewrite:
+            payload["model"] = snap.model_alias
+        rewrite = req.rewritten or rewrite
+        stream = payload.get("stream") is True and self.spec.generates
+        assemble = None if stream else assembled_as(self.spec.assembled, payload)
+        sent = payload
+        if assemble is not None:
+            sent = {
+                **payload,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                # Progress events while the prompt is processed: the child writes, so it notices a client
+                # that left during a long prompt too, not only once it generates (consumed here, never sent).
+                "return_progress": True,
+            }
+            rewrite = True
+        admin = "admin" in req.who.scopes
+        plan = _Plan(
+            stream,
+            assemble,
+            hide=not (admin or req.tenant.show_cache_details),
+            reuse=payload.get("cache_prompt") is not False,  # disk tier
+        )
+        return body.dump(sent) if rewrite else req.received, plan
+
+    def _ask(
+        self,
+        req: _Request,
+        snap: UpstreamSnapshot,
+        payload: dict[str, Any],
+        asks: Asked | None,
+        prompt: PromptTokens,
+    ) -> Ask:
+        """The request as every step of the pipeline sees it: its size (``proxy.admission.cost``: a 400
+        for one wider than its tenant may ever hold, before anything is done for it), its own wait and
+        priority, its conversation, and its prompt's check when its tenant asks for one."""
+        tenant = req.tenant
+        size = cost.size(self.cost_kind, payload, tenant, capacity=snap.slots)
+        return Ask(
+            tenant,
+            req.who.key_id,
+            req.lane.name,
+            size.slots,
+            # An upper bound of the tokens it can use (``proxy.accounts.budgets``): every sequence at
+            # most fills its slot's context (llama-server stops a sequence there: context shift is off).
+            reserve=max(1, size.sequences) * snap.ctx_per_slot if snap.ctx_per_slot > 0 else None,
+            priority=asks.priority if asks is not None else None,
+            max_wait_s=asks.max_wait_s if asks is not None else None,
+            key_budgets=req.who.budgets,
+            conversation=self._conversation(req, payload),
+            # An admin's own ``id_slot`` (``proxy.schema``) is the child's to honour, not ours.
+            placeable=self.spec.generates and "id_slot" not in payload,
+            check=prompt if tenant.check_prompt_size else None,
+        )
+
+    def _conversation(self, req: _Request, payload: dict[str, Any]) -> str | None:
+        """Its conversation's key, for the slot it runs on (``proxy.conversations``); the answer shows it."""
+        if not self.spec.generates:
+            return None
+        cid = conversation_id(req.headers, payload)
+        if cid is None:
+            return None
+        conversation = conversation_key(req.tenant.name, cid)
+        req.ctx.extra_headers.append((KEY_HEADER, conversation.encode()))
+        if named(cid):
+            req.lane.tier.named(conversation)  # disk tier: its state is written when it leaves a slot
+        return conversation
 
     # --- forward; once more on the next child (``proxy.routes.replay``) ----------------------------------
     async def _attempts(self, req: _Request, grant: Grant) -> None:
@@ -462,27 +477,3 @@ class Inference:
             if cancelled is None or not ctx.response_started:
                 raise
             await relay.end_with(cancelled)
-
-    async def _prompt_for_charge(
-        self, lane: Lane, payload: dict[str, Any], ctx: RequestContext
-    ) -> tuple[int, str]:
-        """The prompt's tokens of a request the child never reported (``proxy.routes.charge``): counted
-        by a READY child of its model within a few seconds, else estimated from the prompt's bytes."""
-        try:
-            async with asyncio.timeout(CHARGE_COUNT_S):
-                counted = await count_prompt_tokens(
-                    self.state, lane.ready_snapshot(), self.route, payload, ctx.request_id
-                )
-        except (ProxyError, TimeoutError):
-            counted = None
-        if counted is not None:
-            return counted, "counted"
-        return estimate_prompt_tokens(payload), "estimated"
-
-    async def _check_prompt_size(
-        self, snap: UpstreamSnapshot, payload: dict[str, Any], request_id: str
-    ) -> None:
-        n_tokens = await count_prompt_tokens(self.state, snap, self.route, payload, request_id)
-        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
-        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
-            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)

@@ -1,7 +1,10 @@
 """A request's prompt in tokens, for the charge of a request cut short and for the prompt-size check: the
 child's own tokenizer and chat template when a READY child can count it (``/tokenize``, the
-``input_tokens`` and ``count_tokens`` routes), else an estimate from the prompt's bytes. It serves the
-charge (``proxy.routes.charge``) and the admission check (``PromptCheck``), not the endpoint.
+``input_tokens`` and ``count_tokens`` routes), else an estimate from the prompt's bytes.
+
+The endpoint makes one ``PromptTokens`` per request and hands it on to the two that count, never counting
+itself: the admission pipeline's prompt check (``Ask.check``, run by ``PromptCheck``: ``check``) and the
+request's account (``proxy.routes.charge``: ``for_charge``).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import asyncio
 from typing import Any
 
 from proxy.asgi import body
-from proxy.errors import BadRequest, UpstreamFailure, UpstreamTimeout
+from proxy.errors import BadRequest, ContextTooLarge, ProxyError, UpstreamFailure, UpstreamTimeout
+from proxy.models.lane import Lane
 from proxy.schema.routes import with_role
 from proxy.source import UpstreamSnapshot
 from proxy.state import ProxyState
@@ -22,6 +26,48 @@ CHARGE_COUNT_S = 5.0
 # Anthropic's system, Responses' instructions and input, infill's prefix, suffix and files: every field
 # the schema declares a ``prompt``.
 _PROMPT_FIELDS = with_role("prompt")
+
+
+class PromptTokens:
+    """One request's prompt, counted by a READY child of its model (``lane``) with the counter of its
+    ``route``. ``payload`` is its body as checked (``proxy.schema``), with the child's own name for the
+    model: never the stream the endpoint may make of it for the child (``proxy.streams.assemble``)."""
+
+    __slots__ = ("_lane", "_payload", "_request_id", "_route", "_state")
+
+    def __init__(
+        self, state: ProxyState, lane: Lane, route: str, payload: dict[str, Any], request_id: str
+    ) -> None:
+        self._state = state
+        self._lane = lane
+        self._route = route
+        self._payload = payload
+        self._request_id = request_id
+
+    async def check(self) -> None:
+        """The prompt-size check, when its tenant asks for one (``TenantSettings.check_prompt_size``):
+        ``ContextTooLarge`` (a 400 shaped as the child's own) for a prompt its slot cannot hold. A prompt
+        that cannot be counted goes on: the child decides, as it would without the check."""
+        # Re-read: the child may have restarted while the body was on its way.
+        snap = self._lane.ready_snapshot()
+        n_tokens = await count_prompt_tokens(self._state, snap, self._route, self._payload, self._request_id)
+        # llama-server refuses a prompt of n_ctx tokens or more (it needs room for one generated token).
+        if n_tokens is not None and n_tokens >= snap.ctx_per_slot:
+            raise ContextTooLarge(n_tokens, snap.ctx_per_slot)
+
+    async def for_charge(self) -> tuple[int, str]:
+        """The prompt's tokens of a request the child never reported (``proxy.routes.charge``): counted
+        by a READY child of its model within a few seconds, else estimated from the prompt's bytes."""
+        try:
+            async with asyncio.timeout(CHARGE_COUNT_S):
+                counted = await count_prompt_tokens(
+                    self._state, self._lane.ready_snapshot(), self._route, self._payload, self._request_id
+                )
+        except (ProxyError, TimeoutError):
+            counted = None
+        if counted is not None:
+            return counted, "counted"
+        return estimate_prompt_tokens(self._payload), "estimated"
 
 
 def estimate_prompt_tokens(payload: dict[str, Any]) -> int:

@@ -68,17 +68,35 @@ async def test_a_refusal_gives_back_what_earlier_steps_took_and_takes_no_slot() 
     assert budgets.closed == [None] and gate.in_flight == 0
 
 
+class Check:
+    def __init__(self, log: list[str], *, refuse: bool = False) -> None:
+        self.log, self.refuse = log, refuse
+
+    async def check(self) -> None:
+        self.log.append("check")
+        if self.refuse:
+            raise Rejected("test", 1.0, "the check says no")
+
+
 async def test_the_check_runs_after_the_budgets_and_before_any_wait() -> None:
     log: list[str] = []
-
-    async def check() -> None:
-        log.append("check")
-
     gate = SlotGate([TENANT], capacity=1)
     steps = Pipeline([Step("budgets", log), PromptCheck(), Step("lease", log), Slots()])
-    async with steps.admit(Ask(TENANT, "k", "m", check=check), ctx(), gate):
+    async with steps.admit(Ask(TENANT, "k", "m", check=Check(log)), ctx(), gate):
         pass
     assert log[:3] == ["take budgets", "check", "take lease"]
+
+
+async def test_a_refused_check_gives_the_budgets_back_and_takes_nothing_after_it() -> None:
+    log: list[str] = []
+    budgets = Step("budgets", log)
+    gate = SlotGate([TENANT], capacity=1)
+    steps = Pipeline([budgets, PromptCheck(), Step("lease", log), Slots()])
+    with pytest.raises(Rejected, match="the check says no"):
+        async with steps.admit(Ask(TENANT, "k", "m", check=Check(log, refuse=True)), ctx(), gate):
+            pytest.fail("admitted")
+    assert log == ["take budgets", "check", "close budgets"]
+    assert budgets.closed == [None] and gate.in_flight == 0
 
 
 async def test_a_hold_that_fails_to_close_does_not_keep_the_others(caplog: pytest.LogCaptureFixture) -> None:
@@ -114,7 +132,7 @@ async def test_one_wait_for_every_step_and_a_replay_waits_afresh_at_the_front() 
         assert grant.permit is not None
         grant.permit.release()
         again = await pipeline.retake_slot(grant)
-        assert grant.ask.front and grant.ask.waited_s == 0.0 and again is grant.permit
+        assert grant.front and grant.waited_s == 0.0 and again is grant.permit
     assert gate.in_flight == 0
 
 
