@@ -69,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _start(config: dict[str, Any], key: str, folder: Path, pythonpath: Path | None) -> PrivateDaemon:
     config = deep_merge({"llama": {"state_dir": str(folder / "states")}}, config)
     validate(config, "bench config")
-    env = {"PYTHONPATH": str(pythonpath)} if pythonpath is not None else None
+    # ``python -m supervisor`` puts the working directory (this checkout, when the benchmark runs from it)
+    # ahead of PYTHONPATH: without PYTHONSAFEPATH the baseline daemon ran this checkout's code.
+    env = {"PYTHONPATH": str(pythonpath), "PYTHONSAFEPATH": "1"} if pythonpath is not None else None
     daemon = PrivateDaemon.start(config, folder, {"admin": key}, env=env)
     try:
         daemon.wait_ready()
