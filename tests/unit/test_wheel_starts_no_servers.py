@@ -11,7 +11,7 @@ ending in one, is how a module would name what it runs (an argv, a lookup on PAT
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,28 +65,23 @@ def imports_of_tests(source: str) -> Iterator[tuple[int, str]]:
         yield from ((node.lineno, n) for n in names if n == "tests" or n.startswith("tests."))
 
 
-def _sources(package: str) -> list[Path]:
-    return sorted((REPO / package).rglob("*.py"))
+def _found(package: str, check: Callable[[str], Iterable[tuple[int, str]]]) -> list[str]:
+    """``check``'s findings in every module of ``package``, as ``path:line: value``."""
+    return [
+        f"{path.relative_to(REPO)}:{line}: {value!r}"
+        for path in sorted((REPO / package).rglob("*.py"))
+        for line, value in check(path.read_text(encoding="utf-8"))
+    ]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_module_starts_a_redis_or_a_postgresql(package: str) -> None:
-    found = [
-        f"{path.relative_to(REPO)}:{line}: {value!r}"
-        for path in _sources(package)
-        for line, value in server_programs(path.read_text(encoding="utf-8"))
-    ]
-    assert found == [], "test servers belong to tests/helpers/, not to the wheel"
+    assert _found(package, server_programs) == [], "test servers belong to tests/helpers/, not to the wheel"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_module_imports_from_tests(package: str) -> None:
-    found = [
-        f"{path.relative_to(REPO)}:{line}: {name}"
-        for path in _sources(package)
-        for line, name in imports_of_tests(path.read_text(encoding="utf-8"))
-    ]
-    assert found == [], "tests/ is not in the wheel"
+    assert _found(package, imports_of_tests) == [], "tests/ is not in the wheel"
 
 
 def test_the_checks_see_a_launcher() -> None:
