@@ -254,3 +254,6 @@ def _close(grant: Grant) -> None:
             hold.close(spent)
         except Exception:
             _log.exception("admission: closing a hold failed; the request's other holds are closed")
+    # A permit's hold points back at its grant: without this the pair, and all the request's objects it
+    # reaches, waits for the garbage collector instead of going when the request does.
+    grant.holds.clear()

@@ -50,10 +50,17 @@ class ClientWatch:
         self.last = b""
 
     async def _watch(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                break
+        try:
+            while True:
+                message = await self._receive()
+                if message["type"] == "http.disconnect":
+                    break
+        except asyncio.CancelledError:
+            # Only ``__aexit__`` cancels it. Ended without keeping the exception: a cancelled task keeps
+            # it, and its traceback holds these frames, the request's objects with them, in a cycle that
+            # only the garbage collector frees (every request's, until a full collection: the daemon's
+            # memory grew with the requests served, issue 56).
+            return
         if not self.complete and self._task is not None and self.cancelled is None:
             if self.had_all():
                 # The relay reads the child's end (it follows the last event) and ends as complete.

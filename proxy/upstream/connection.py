@@ -41,7 +41,10 @@ class Connection(asyncio.Protocol):
         self._loop = loop
         self.epoch = epoch
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        # The parser calls back into this connection, so the two hold each other: ``connection_lost``
+        # drops it, else every connection (one a request when the child closes them) and its socket
+        # would wait for the garbage collector.
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.closed = False
         self._aborted = False
         # False once its state is not exactly "between two messages": then it is closed, never reused.
@@ -75,6 +78,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
+        if self._parser is None:  # lost: nothing more is read
+            return
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -92,6 +97,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._parser = None
         if not self.complete:
             if (
                 exc is None
@@ -133,6 +139,7 @@ class Connection(asyncio.Protocol):
             self._framed = True
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # called from inside ``feed_data``
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             self._interim = True  # 100 Continue, 103 Early Hints: the answer follows
@@ -159,6 +166,7 @@ class Connection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             return
+        assert self._parser is not None  # called from inside ``feed_data``
         self.keep_alive = self._parser.should_keep_alive()
         self.complete = True
         self._wake()

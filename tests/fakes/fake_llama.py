@@ -70,6 +70,8 @@ class FakeLlama:
         # Connection-level faults: "drop_reused" closes a kept-alive connection when its second request
         # arrives, unanswered (llama-server's idle close racing a reuse); "drop_all": every request.
         self.drop: str | None = None
+        # Close each connection once its answer is sent, as the real child does (a new one a request).
+        self.close_after_answer = False
         self.connections = 0
         self.die_at_token: int | None = None
         self.on_death: Callable[[], None] | None = None
@@ -129,6 +131,8 @@ class FakeLlama:
                 if self.drop == "drop_all" or (self.drop == "drop_reused" and served > 1):
                     return
                 if not await self._dispatch(method, path, headers, body, reader, writer):
+                    return
+                if self.close_after_answer:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
