@@ -167,6 +167,9 @@ class DiskTier:
         if folder is None:
             return None
         replaced = pin.replaced
+        if key is not None:
+            # Counted before the state it displaces is decided (``proxy.conversations.writes``).
+            self.writes.turn(key, tenant)
         if replaced != key and replaced in self._dirty:
             await self._leave(folder, child, pin.slot, replaced, bounded=True)
         if key is None:
@@ -184,7 +187,6 @@ class DiskTier:
         if prompt is None:
             self._dirty.pop(turn.key, None)
             return
-        self.writes.turn(turn.key, turn.tenant)
         self._dirty.pop(turn.key, None)  # the most recent last: the oldest go first past the bound
         self._dirty[turn.key] = turn.tenant
         if len(self._dirty) > SEEN:

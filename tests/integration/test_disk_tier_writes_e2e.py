@@ -10,14 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.conversations.writes import RETURN_RATE_TO_WRITE
+from proxy.conversations.writes import FIRST_WRITES, RETURN_RATE_TO_WRITE
 from tests.integration.conftest import Daemon, DaemonFactory
 from tests.integration.test_disk_tier_e2e import MODEL, ONE_SLOT, cached, metric
 
 pytestmark = pytest.mark.integration
 
 # The first-turn states of a tenant written before its return rate is known (the prior's one return).
-EXPLORED = int(1 / RETURN_RATE_TO_WRITE)
+EXPLORED = FIRST_WRITES
 ONE_SHOTS = EXPLORED + 20
 
 

@@ -17,7 +17,7 @@ from proxy.source import SlotStates
 from tests.unit.proxy.conversations.test_tier import FakeChild
 
 # One-shot traffic is written until its return rate, with the prior's one return, falls under the bar.
-EXPLORED = int(1 / RETURN_RATE_TO_WRITE)  # 16 first-turn states
+EXPLORED = writes.FIRST_WRITES  # 20 first-turn states
 
 
 def _key(i: int) -> str:
@@ -85,6 +85,23 @@ async def test_a_conversation_that_had_a_second_turn_is_written(tmp_path: Path) 
     # ... and restored for its next turn
     await gw.turn(_key(1000))
     assert gw.tier.stats.restores["t"] == 1
+
+
+async def test_a_return_counts_before_the_state_its_restore_overwrites_is_decided(tmp_path: Path) -> None:
+    # A chat application's first conversations, all opened before any comes back: the first
+    # FIRST_WRITES are written on the prior, the next ones are not (nothing has come back yet).
+    gw = Gateway(tmp_path)
+    opened = EXPLORED + 10
+    for i in range(opened):
+        await gw.turn(_key(i))
+    assert gw.saves == EXPLORED
+    # The first one comes back: its state is restored over the last one opened, which the RAM cache
+    # never received (a restore replaces a slot before any request does). The return is counted
+    # first, so the tenant's rate is over the bar again and that state is written, not lost.
+    await gw.turn(_key(0))
+    assert gw.tier.stats.restores["t"] == 1
+    assert gw.saves == EXPLORED + 1
+    assert gw.tier.folder is not None and gw.tier.folder.known(_key(opened - 1)) is not None
 
 
 async def test_a_tenant_whose_conversations_come_back_keeps_every_first_turn_written(tmp_path: Path) -> None:
