@@ -146,9 +146,11 @@ async def _load(
 
         await phase(range(WARMUP))
         rss.append((0, proc.memory_info().rss))
+        cpu = _cpu(proc)
         started = time.monotonic()
         await phase(range(WARMUP, total))
     seconds = time.monotonic() - started
+    daemon_cpu, child_cpu = (after - before for after, before in zip(_cpu(proc), cpu, strict=True))
     if failed:
         raise RuntimeError(f"{failed} requests failed")
     return {
@@ -160,11 +162,28 @@ async def _load(
         # The share of the slots' time the child spent on the requests: what is left is time the slots
         # waited for the gateway (or the client) between them.
         "child_ms_mean": round(child_ms / total, 1),
+        # CPU seconds per request, the daemon's own and its children's (the llama-server): on a host with
+        # as many cores as the child has threads, the daemon's time is taken from the child's.
+        "daemon_cpu_ms": round(1000 * daemon_cpu / args.requests, 2),
+        "child_cpu_ms": round(1000 * child_cpu / args.requests, 1),
         "child_ms": sorted(by_request),
         "rss": rss,
         "rss_growth_mib": round((rss[-1][1] - rss[0][1]) / 2**20, 2),
         "plateau": plateau(rss, args.plateau_after),
     }
+
+
+def _cpu(proc: psutil.Process) -> tuple[float, float]:
+    """(the daemon's, its children's) CPU seconds so far, user and system."""
+    own = proc.cpu_times()
+    children = 0.0
+    for child in proc.children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        children += t.user + t.system
+    return own.user + own.system, children
 
 
 def plateau(rss: list[tuple[int, int]], after: int) -> dict[str, float] | None:
