@@ -58,7 +58,6 @@ from dataclasses import dataclass
 # opened all at once before any comes back, that their second turns still find their history
 # (``llamagate bench conversations --conversations 32``: docs/benchmarks.md).
 WRITE_ONE_IN = 20
-RETURN_RATE_TO_WRITE = 1 / WRITE_ONE_IN
 # Returns assumed before any is seen (the prior): the first states of a tenant are written.
 PRIOR_RETURNS = 1
 # First-turn states of a tenant written before any of its conversations came back.

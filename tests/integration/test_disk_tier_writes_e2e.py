@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.conversations.writes import FIRST_WRITES, RETURN_RATE_TO_WRITE
+from proxy.conversations.writes import FIRST_WRITES, WRITE_ONE_IN
 from tests.integration.conftest import Daemon, DaemonFactory
 from tests.integration.test_disk_tier_e2e import MODEL, ONE_SLOT, cached, metric
 
@@ -68,7 +68,7 @@ def test_one_shot_traffic_is_not_written_and_returning_conversations_still_are(
     skipped = "llamagate_conversation_state_writes_skipped_total"
     assert metric(d, skipped, tenant="default", reason="one_shot") == ONE_SHOTS - 1 - EXPLORED
     rate = metric(d, "llamagate_conversation_state_return_rate", tenant="default")
-    assert 0 < rate < RETURN_RATE_TO_WRITE
+    assert 0 < rate < 1 / WRITE_ONE_IN
 
     # A conversation named by its client is written on its first turn already; an unnamed one from its
     # second turn on (it came back once); each is restored from disk when its slot went to the other.

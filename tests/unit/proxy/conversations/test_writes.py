@@ -12,7 +12,7 @@ import pytest
 from proxy.conversations import writes
 from proxy.conversations.slots import SlotMap
 from proxy.conversations.tier import DiskTier, Turn
-from proxy.conversations.writes import RETURN_RATE_TO_WRITE, SEEN, WritePolicy
+from proxy.conversations.writes import SEEN, WRITE_ONE_IN, WritePolicy
 from proxy.source import SlotStates
 from tests.unit.proxy.conversations.test_tier import FakeChild
 
@@ -55,7 +55,7 @@ async def test_one_shot_traffic_stops_being_written_once_its_return_rate_is_know
     # 399 states left the slot (each request replaces the one before); before issue 56 each was written.
     assert gw.saves == EXPLORED
     assert gw.tier.stats.skipped["t", "one_shot"] == 399 - EXPLORED
-    assert gw.tier.writes.return_rates()["t"] < RETURN_RATE_TO_WRITE
+    assert gw.tier.writes.return_rates()["t"] < 1 / WRITE_ONE_IN
 
 
 async def test_a_named_conversation_is_written_even_on_its_first_turn(tmp_path: Path) -> None:
