@@ -42,6 +42,7 @@ from supervisor.bench.prompts import load_prompts
 from supervisor.errors import UsageError
 from supervisor.progress import ConsoleProgress
 from tests.benchmarks import cli
+from tests.benchmarks.proxycost import daemon_cpu_seconds
 
 _TIER = "llamagate_conversation_state_"
 WARMUP = 8  # requests before the first RSS sample: the daemon's first allocations are not growth
@@ -146,11 +147,12 @@ async def _load(
 
         await phase(range(WARMUP))
         rss.append((0, proc.memory_info().rss))
-        cpu = _cpu(proc)
+        cpu = daemon_cpu_seconds(daemon)
         started = time.monotonic()
         await phase(range(WARMUP, total))
     seconds = time.monotonic() - started
-    daemon_cpu, child_cpu = (after - before for after, before in zip(_cpu(proc), cpu, strict=True))
+    (daemon_after, child_after), (daemon_before, child_before) = daemon_cpu_seconds(daemon), cpu
+    daemon_cpu, child_cpu = daemon_after - daemon_before, child_after - child_before
     if failed:
         raise RuntimeError(f"{failed} requests failed")
     return {
@@ -171,19 +173,6 @@ async def _load(
         "rss_growth_mib": round((rss[-1][1] - rss[0][1]) / 2**20, 2),
         "plateau": plateau(rss, args.plateau_after),
     }
-
-
-def _cpu(proc: psutil.Process) -> tuple[float, float]:
-    """(the daemon's, its children's) CPU seconds so far, user and system."""
-    own = proc.cpu_times()
-    children = 0.0
-    for child in proc.children(recursive=True):
-        try:
-            t = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        children += t.user + t.system
-    return own.user + own.system, children
 
 
 def plateau(rss: list[tuple[int, int]], after: int) -> dict[str, float] | None:

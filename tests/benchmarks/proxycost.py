@@ -21,6 +21,7 @@ import psutil
 
 from supervisor.bench import stats
 from supervisor.bench.client import Exchange, time_reply
+from supervisor.bench.launcher import PrivateDaemon
 from supervisor.bench.stats import distribution
 from supervisor.errors import CheckFailed
 from tests.benchmarks.rawhttp import Connection, build_request
@@ -29,6 +30,12 @@ from tests.benchmarks.rawhttp import Connection, build_request
 def cpu_seconds(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
+
+
+def daemon_cpu_seconds(launched: PrivateDaemon) -> tuple[float, float]:
+    """CPU seconds so far of the daemon and of its llama-server child."""
+    child = launched.child_pid
+    return cpu_seconds(launched.proc.pid), cpu_seconds(child) if child else 0.0
 
 
 def chat_request(url: str, key: str, max_tokens: int, stream: bool, **extra: object) -> bytes:

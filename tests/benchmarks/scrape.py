@@ -88,20 +88,14 @@ async def _block(url: str, stream_raw: bytes, scrape: bytes | None, interval_s: 
     return {"tpot_s": [r.tpot_s for r in results], "scrape_latency_s": latencies}
 
 
-def _cpu(launched: PrivateDaemon) -> tuple[float, float]:
-    """CPU seconds so far of the daemon and of its llama-server child."""
-    child = launched.child_pid
-    return pc.cpu_seconds(launched.proc.pid), pc.cpu_seconds(child) if child else 0.0
-
-
 async def _idle_cost(launched: PrivateDaemon, scrape: bytes, n: int) -> dict[str, float]:
     """CPU per scrape with no traffic: a window with ``n`` scrapes minus an equal window without, so
     the daemon's own background work (health probes, timers) cancels out. Scrapes are spaced past the
     1 s cache, so each one is a fresh fetch from llama-server: the worst case."""
     spacing_s = 1.05
-    d0, c0 = _cpu(launched)
+    d0, c0 = pc.daemon_cpu_seconds(launched)
     await asyncio.sleep(n * spacing_s)
-    d1, c1 = _cpu(launched)
+    d1, c1 = pc.daemon_cpu_seconds(launched)
     conn = await Connection.open(launched.target.base_url)
     size = 0
     try:
@@ -113,7 +107,7 @@ async def _idle_cost(launched: PrivateDaemon, scrape: bytes, n: int) -> dict[str
             await asyncio.sleep(spacing_s)
     finally:
         await conn.close()
-    d2, c2 = _cpu(launched)
+    d2, c2 = pc.daemon_cpu_seconds(launched)
     return {
         "scrapes": n,
         "daemon_cpu_ms_per_scrape": ((d2 - d1) - (d1 - d0)) / n * 1000,
