@@ -157,7 +157,9 @@ def test_a_changed_context_is_served_by_the_old_child_until_the_new_one_passed_t
     assert statuses and set(statuses) == {200}, statuses
     # The old child until the switch, then the new one: never none, never a third.
     assert serving[0] == old_pid and set(serving) == {old_pid, serving[-1]} and None not in serving
-    assert readyz_model(d, "other")["ctx_per_slot"] == 1024 and d.readyz()[1]["last_reload"] == "applied"
+    assert readyz_model(d, "other")["ctx_per_slot"] == 1024
     wait_until(lambda: old_pid is not None and process_gone(old_pid), "the old child to stop", timeout=60)
+    # The reload ends, and says "applied", only once the old child has drained and stopped.
+    wait_until(lambda: d.readyz()[1]["last_reload"] == "applied", "the reload to be applied", timeout=60)
     assert child_pid(d, "chat") == chat_pid
     assert ask(d, "other")
