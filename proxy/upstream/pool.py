@@ -8,7 +8,13 @@ does only what talking to one llama-server needs: one request at a time per conn
 or chunked bodies, and body chunks handed over as they arrive (never buffered whole for a stream).
 
 Keep-alive: llama-server closes idle connections after 5 s; ours are dropped after ``KEEPALIVE_EXPIRY_S``
-of idling, and a connection the child closed is discarded as soon as the loop sees the close.
+of idling, and a connection the child closed is discarded as soon as the loop sees the close. A streamed
+answer (one the client streams, and every OpenAI chat or completion the proxy assembles for a client
+that did not) always ends its connection: the pinned server's chunked provider returns false once it
+has called ``sink.done()`` (tools/server/server-http.cpp ``process_handler_response``), which
+cpp-httplib takes for a cancelled write, so it closes although the answer was whole and its head
+promised ``Keep-Alive``. Such a request costs a fresh connection to 127.0.0.1 (``ss`` shows about one
+TIME-WAIT a request on the child's side).
 
 Retry: exactly once, and only when the child cannot have started work on the request: the connection
 could not be opened, or a *reused* connection was closed before a single response byte arrived (the
