@@ -63,6 +63,7 @@ from supervisor.config.load import load_config
 from supervisor.config.models import ServedModel, served_models
 from supervisor.config.proxy_settings import proxy_settings
 from supervisor.config.schema import Config, SupervisionConfig
+from supervisor.daemon.heap import return_free_heap
 from supervisor.daemon.identity import flatten
 from supervisor.daemon.listener import _Server
 from supervisor.daemon.metrics_collector import ModelView
@@ -250,6 +251,7 @@ class Daemon:
             "models": asyncio.create_task(self.models.run(), name="models"),
             "server": asyncio.create_task(server.serve(sockets=[sock]), name="proxy"),
             "signals": asyncio.create_task(self._dispatch_signals(), name="signals"),
+            "heap": asyncio.create_task(return_free_heap(), name="heap"),
         }
         log.info(
             "llamagate serving",
