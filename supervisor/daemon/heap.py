@@ -4,9 +4,10 @@ Why: glibc's malloc keeps the pages that freed blocks leave inside its heaps, an
 what sits at the very top of one. The proxy's requests allocate and free a little C memory each
 (sockets, parsers, the buffers of bodies larger than pymalloc's 512 bytes), so over tens of thousands
 of requests the daemon's RSS crept up although nothing stayed allocated: 20,000 short one-shot
-requests, +8.1 % after the first 2,000 with nothing of Python's growing (``tracemalloc``), about half of
-that gone with a trim (docs/benchmarks.md, "RSS flat after 2,000"). ``malloc_trim(0)`` hands every
-whole free page of every arena back (``madvise``); the blocks in use do not move.
+requests, +8.1 % after the first 2,000 with nothing of Python's growing (``tracemalloc``), +2.8 % with
+this trim and flat from request 10,000 on (docs/benchmarks.md, "Writing only what will be read").
+``malloc_trim(0)`` hands every whole free page of every arena back (``madvise``); the blocks in use do
+not move.
 
 The trim runs in a worker thread: ctypes releases the GIL for the call, so the event loop goes on
 serving while glibc walks its arenas (it takes each arena's lock in turn, so a request that allocates
