@@ -64,11 +64,13 @@ async def test_the_daemon_trims_its_heap_for_its_life(monkeypatch: pytest.Monkey
     monkeypatch.setattr(service, "return_free_heap", trimming)
     d = make_daemon()
     sock = bind_listener("127.0.0.1", 0)
+    run = asyncio.create_task(d.run(sock))
     try:
-        run = asyncio.create_task(d.run(sock))
         await asyncio.wait_for(running.wait(), 10)
         d._signals.put_nowait(signal.SIGTERM)
         await asyncio.wait_for(run, 30)
     finally:
+        run.cancel()  # a failed wait leaves no daemon running into the next test
+        await asyncio.gather(run, return_exceptions=True)
         sock.close()
     assert ended.is_set()
