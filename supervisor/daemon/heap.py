@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-# The period the 20,000-request run measured. A trim costs little: 4.7 ms to give back 64 MiB freed in
-# 4 KiB pieces, 0.17 ms to walk the same heap again with nothing new freed (tests/unit/test_heap.py's
-# heap, timed on the 2-core host), in a worker thread.
+# The period the 20,000-request run measured. A trim costs little, in a worker thread: about 5 ms to
+# give back 64 MiB freed in 4 KiB pieces, 0.2 ms to walk the same heap again with nothing new freed
+# (``python -m tests.benchmarks.heap_trim`` on the 2-core host; docs/benchmarks.md).
 TRIM_EVERY_S = 20.0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 
 import psutil
@@ -12,6 +11,7 @@ import pytest
 import supervisor.daemon.service as service
 from supervisor.daemon.heap import malloc_trim, return_free_heap
 from supervisor.daemon.listener import bind_listener
+from tests.benchmarks.heap_trim import freed_pages_kept_by_malloc
 from tests.unit.test_daemon import make_daemon
 
 pytestmark = pytest.mark.skipif(malloc_trim() is None, reason="not glibc: there is no malloc_trim")
@@ -23,19 +23,8 @@ def rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def freed_pages_kept_by_malloc() -> list[bytes]:
-    """64 MiB of 4 KiB blocks (past pymalloc's 512 bytes: glibc's malloc serves them) of which one in
-    64 stays allocated, the last one too: what is freed is inside the heap, never at its top, so glibc
-    keeps it as free heap and RSS stays where it was (what requests left in the daemon)."""
-    blocks = [bytes(4096 - 64) + bytes([i % 256]) for i in range(16 * 1024)]
-    kept = [*blocks[::64], blocks[-1]]
-    del blocks
-    gc.collect()
-    return kept
-
-
 async def test_the_trim_gives_freed_heap_back_to_the_system() -> None:
-    kept = freed_pages_kept_by_malloc()
+    kept = freed_pages_kept_by_malloc(64)  # freed inside the heap: glibc keeps it, RSS stays
     before = rss()
     task = asyncio.create_task(return_free_heap(every_s=0.01))
     try:

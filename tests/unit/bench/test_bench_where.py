@@ -59,6 +59,7 @@ def test_the_docs_say_where_every_benchmark_lives() -> None:
         "program_cost",
         "oneshot",
         "loop_cost",
+        "heap_trim",
     }
     assert moved == _moved_benchmarks() == benchmarks
 
