@@ -104,6 +104,10 @@ async def test_a_client_that_leaves_while_waiting_for_a_lease_holds_nothing(
         assert p.lane.gate.in_flight == 0
 
 
+async def _idle(p: Proxy, redis: Redis) -> bool:
+    return p.lane.gate.in_flight == 0 and await _zero(redis)
+
+
 async def _count(redis: Redis, n: int) -> bool:
     return await live_leases(redis) == n
 
@@ -170,9 +174,12 @@ async def test_a_refusal_of_the_shared_line_says_when_a_slot_is_likely_free(
     async with proxy_factory(tenants=tenants, cluster=cluster(redis_server)) as p, p.client() as c:
         slow = {**CHAT, "fake_delay_ms": 3000}
         assert (await c.post("/v1/chat/completions", json=slow)).status_code == 200  # a service time
-        running = asyncio.create_task(c.post("/v1/chat/completions", json=slow))
         redis = Redis.from_url(redis_server.url)
         try:
+            # The answer's last byte can reach the client before the proxy has given back the permit
+            # and the lease; with one of each and no queue, the next request would be refused for it.
+            await until(lambda: _idle(p, redis), "the first request's permit and lease given back")
+            running = asyncio.create_task(c.post("/v1/chat/completions", json=slow))
             await until(lambda: _count(redis, 1), "the lease held")
             refused = await c.post("/v1/chat/completions", json=CHAT)
         finally:
